@@ -26,7 +26,11 @@ import threading
 from typing import Any
 
 _LEN = struct.Struct("!Q")
-_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "course_lib._worker")
+# What every rank would otherwise import again: torch itself, and torch._dynamo, which DDP and
+# FSDP import on first use (~1-4 s per process on 2 cores).
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp",
+            "torch.nn.parallel", "torch.distributed._tools.mem_tracker", "cloudpickle",
+            "course_lib._worker")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -53,8 +57,15 @@ class WarmServer:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
         theirs.close()
-        if _recv_exact(ours, 5) != b"ready":
-            raise RuntimeError("the warm server did not start")
+        ours.settimeout(300)  # importing torch on a busy 2-core machine can take a while
+        try:
+            if _recv_exact(ours, 5) != b"ready":
+                raise EOFError
+        except (EOFError, OSError) as exc:
+            proc.kill()
+            raise RuntimeError("the warm server did not start (see the kernel's log for its "
+                               "error output)") from exc
+        ours.settimeout(60)  # no call below may wait forever on a stuck server
         return cls(proc, ours)
 
     def alive(self) -> bool:
@@ -68,16 +79,15 @@ class WarmServer:
         """
         blob = pickle.dumps((preimport, sys.path, job))
         with self.lock:
-            socket.send_fds(self.sock, [_LEN.pack(len(blob))], fds)
-            self.sock.sendall(blob)
-            (pid,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+            try:
+                socket.send_fds(self.sock, [_LEN.pack(len(blob))], fds)
+                self.sock.sendall(blob)
+                (pid,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+            except (OSError, EOFError) as exc:  # socket.timeout is an OSError
+                self.proc.kill()  # a broken server is replaced on the next call
+                raise RuntimeError(f"the warm server stopped answering ({exc}); run again to "
+                                   "start a fresh one") from exc
         return pid
-
-    def close(self) -> None:
-        self.sock.close()
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(10)
 
 
 def serve(fd: int) -> None:
@@ -97,7 +107,10 @@ def serve(fd: int) -> None:
     sel.register(sock, selectors.EVENT_READ, "job")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "lifeline")
     sel.register(wake_r, selectors.EVENT_READ, "child")
-    sock.sendall(b"ready")
+    try:
+        sock.sendall(b"ready")
+    except OSError:  # the client is gone already
+        os._exit(0)
     while True:
         for key, _ in sel.select():
             if key.data == "lifeline":
