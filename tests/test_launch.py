@@ -134,7 +134,7 @@ def _sleep_and_report_pid(path):
     time.sleep(60)
 
 
-def _pids(path, n, timeout=20.0):
+def _pids(path, n, timeout=120.0):  # a fresh server imports torch first
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
