@@ -6,13 +6,20 @@ Plots and widgets (matplotlib, ipywidgets) are imported from their modules by th
 here, so that every rank starts without them.
 """
 from course_lib import devices
+from course_lib.alphabeta import AlphaBeta, fit_alpha_beta, fit_per_world, measure_all_reduce
+from course_lib.comm import (CollectiveResult, benchmark_collectives, busbw_factor, format_table,
+                             memcopy_bandwidth)
 from course_lib.exercises import Feedback, check_choice, check_close, check_number, check_true
 from course_lib.launch import RankError, run, warm_up
 from course_lib.memory import measure_inference, measure_step
 from course_lib.memory_report import MemoryReport
 from course_lib.models import GPT, MLP, PRESETS, GPTConfig, param_count
+from course_lib.multinode import run_two_nodes
+from course_lib.ring import compare_ring, ring_all_reduce
+from course_lib.scaling import measure_scaling
 from course_lib.torchrun import (TorchrunError, cluster_command, init_distributed, torchrun,
                                  torchrun_command)
+from course_lib.whatif import LINKS, predict_step, whatif_table
 
 __all__ = [
     # 00 launching ranks
@@ -23,4 +30,9 @@ __all__ = [
     # 01 training memory
     "GPT", "GPTConfig", "MLP", "PRESETS", "param_count", "measure_step", "measure_inference",
     "MemoryReport",
+    # 05 communication and scaling
+    "CollectiveResult", "benchmark_collectives", "busbw_factor", "format_table",
+    "memcopy_bandwidth", "ring_all_reduce", "compare_ring", "AlphaBeta", "fit_alpha_beta",
+    "fit_per_world", "measure_all_reduce", "measure_scaling", "LINKS", "predict_step",
+    "whatif_table", "run_two_nodes",
 ]

@@ -1,0 +1,110 @@
+"""Train a small MLP with DDP on a fixed global batch — one script for 1 process, 1 node, N nodes.
+
+Chapter 5 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
+single process's on the same global batch: data parallelism changes where the work runs, not
+the result. Each step draws the same global batch everywhere (seeded by the step) and every
+rank trains on its contiguous share; the mean of the ranks' mean losses is the global mean loss.
+
+Run it (any free port instead of 29400; each torchrun line of a multi-node run in its own shell,
+``--node-rank`` differing):
+
+    # one process
+    python course_lib/scripts/train_ddp.py --out /tmp/one.pt
+    # one node, 2 processes
+    torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out /tmp/node.pt
+    # two nodes with one process each (here both on this machine, over loopback)
+    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d \
+        --rdzv-endpoint=127.0.0.1:29400 --rdzv-conf=is_host=1 --local-addr=127.0.0.1 \
+        course_lib/scripts/train_ddp.py --out /tmp/two.pt
+    torchrun --nnodes=2 --node-rank=1 --nproc-per-node=1 --rdzv-backend=c10d \
+        --rdzv-endpoint=127.0.0.1:29400 --rdzv-conf=is_host=0 --local-addr=127.0.0.1 \
+        course_lib/scripts/train_ddp.py --out /tmp/two.pt
+
+From Python: ``course_lib.multinode.run_two_nodes()`` builds and runs those two command lines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.models import MLP
+from course_lib.torchrun import init_distributed
+
+
+def make_batch(step: int, global_batch: int, sizes: list[int], seed: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of ``step``: the same on every rank and node (seeded by the step)."""
+    gen = torch.Generator().manual_seed(seed + 1000 + step)
+    return (torch.randn(global_batch, sizes[0], generator=gen),
+            torch.randn(global_batch, sizes[-1], generator=gen))
+
+
+def train_reference(sizes: list[int], global_batch: int, steps: int, lr: float, seed: int
+                    ) -> dict[str, torch.Tensor]:
+    """What DDP must reproduce: plain SGD in one process on the whole global batch, no DDP."""
+    torch.manual_seed(seed)
+    model = MLP(sizes)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        x, y = make_batch(step, global_batch, sizes, seed)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="32,256,256,8", help="MLP layer widths, comma-separated")
+    parser.add_argument("--global-batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="", help="rank 0 saves the final parameters here")
+    args = parser.parse_args(argv)
+    args.sizes = [int(n) for n in args.sizes.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sizes = args.sizes
+
+    rank, world = init_distributed()
+    if args.global_batch % world:
+        raise SystemExit(f"--global-batch {args.global_batch} must divide over {world} ranks")
+    share = args.global_batch // world
+    torch.manual_seed(args.seed)
+    model = DDP(MLP(sizes))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    times = []
+    for step in range(args.steps):
+        x, y = make_batch(step, args.global_batch, sizes, args.seed)
+        mine = slice(rank * share, (rank + 1) * share)
+        start = time.perf_counter()
+        loss = F.mse_loss(model(x[mine]), y[mine])
+        loss.backward()  # DDP averages the gradients over all ranks, on every node
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - start)
+        print(f"step {step} loss {loss.item():.4f} {times[-1] * 1e3:.1f} ms", flush=True)
+    node = os.environ.get("GROUP_RANK", "0")
+    print(f"done: world {world}, node {node}, mean step {sum(times) / len(times) * 1e3:.1f} ms",
+          flush=True)
+    if rank == 0 and args.out:
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)
+    dist.barrier()  # nobody leaves while a peer may still talk to it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter shutdown: gloo threads abort it now and then (SIGABRT)
+
+
+if __name__ == "__main__":
+    main()
