@@ -15,8 +15,10 @@ from course_lib.memory import measure_inference, measure_step
 from course_lib.memory_report import MemoryReport
 from course_lib.models import GPT, MLP, PRESETS, GPTConfig, param_count
 from course_lib.multinode import run_two_nodes
+from course_lib.pipeline_measure import bubble_formula, measure_pipeline, torch_pipeline
 from course_lib.ring import compare_ring, ring_all_reduce
 from course_lib.scaling import measure_scaling
+from course_lib.tp_check import measure_tp, measure_tp_model
 from course_lib.torchrun import (TorchrunError, cluster_command, init_distributed, torchrun,
                                  torchrun_command)
 from course_lib.whatif import LINKS, predict_step, whatif_table
@@ -30,6 +32,8 @@ __all__ = [
     # 01 training memory
     "GPT", "GPTConfig", "MLP", "PRESETS", "param_count", "measure_step", "measure_inference",
     "MemoryReport",
+    # 04 model parallelism
+    "measure_tp", "measure_tp_model", "measure_pipeline", "bubble_formula", "torch_pipeline",
     # 05 communication and scaling
     "CollectiveResult", "benchmark_collectives", "busbw_factor", "format_table",
     "memcopy_bandwidth", "ring_all_reduce", "compare_ring", "AlphaBeta", "fit_alpha_beta",
