@@ -1,0 +1,73 @@
+r"""Fault-tolerant training: FSDP2 GPT, sharded checkpoints, resume after any restart.
+
+Chapter 6 (``06_fault_tolerance``). Run it on one machine with 2 processes, restarting the whole
+group up to 3 times when a rank dies; every (re)start resumes from the latest *complete*
+checkpoint in ``--ckpt-dir``:
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 \
+        -m course_lib.scripts.train_ft --ckpt-dir /tmp/ft --steps 12 --every 3 --out /tmp/ft.pt
+
+Make it fail on purpose (attempt:rank:step:kind; kinds kill, raise, save — save dies after
+writing shards of checkpoint ``step`` but before its commit marker):
+
+    COURSE_FT_FAULTS=0:1:5:kill,1:0:9:save torchrun --standalone --nproc-per-node=2 \
+        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /tmp/ft --out /tmp/ft.pt
+
+on two machines (type on both; HEAD is the first machine's address; the checkpoint directory
+must be on a shared file system):
+
+    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 \
+        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /shared/ft --out /shared/ft.pt
+
+or alone, as a plain process (world size 1):  python -m course_lib.scripts.train_ft --steps 4
+
+Rank 0 writes ``{"losses": tensor, "params": {name: tensor}}`` to ``--out`` (load it with
+``torch.load(path, weights_only=True)``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from course_lib.fault_training import FAULTS_ENV, parse_faults, train
+from course_lib.torchrun import init_distributed
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", help="course GPT preset (tiny, small, ...)")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--every", type=int, default=3, help="checkpoint every N steps (0: never)")
+    parser.add_argument("--ckpt-dir", default="", help="where checkpoints live (shared by ranks)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=2, help="per rank")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--keep", type=int, default=2, help="committed checkpoints to keep")
+    parser.add_argument("--faults", default=os.environ.get(FAULTS_ENV, ""),
+                        help=f"attempt:rank:step:kind,... (default: ${FAULTS_ENV})")
+    parser.add_argument("--out", default="", help="rank 0 saves losses and final parameters here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    faults = parse_faults(args.faults)  # a typo fails here, before any process group exists
+    rank, world = init_distributed()
+    result = train(args.preset, args.steps, ckpt_dir=args.ckpt_dir or None, every=args.every,
+                   seed=args.seed, batch_size=args.batch_size, lr=args.lr, faults=faults,
+                   keep=args.keep)
+    start = result["resumed_from"]
+    if rank == 0:
+        print(f"attempt {result['attempt']}: world {world}, "
+              f"{'resumed from step ' + str(start) if start is not None else 'started fresh'}, "
+              f"final loss {result['losses'][-1]:.4f}", flush=True)
+        if args.out:
+            torch.save({"losses": torch.tensor(result["losses"], dtype=torch.float64),
+                        "params": result["params"]}, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
