@@ -30,6 +30,10 @@ for _module, _names in {
     "models": ["GPT", "GPTConfig", "MLP", "PRESETS", "param_count"],
     "memory": ["measure_step", "measure_inference"],
     "memory_report": ["MemoryReport"],
+    # 03 sharding
+    "distributed_memory": ["measure_distributed", "compare_strategies"],
+    "strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
+    "comm_count": ["CommCounter"],
     # 04 model parallelism
     "tp_check": ["measure_tp", "measure_tp_model"],
     "pipeline_measure": ["measure_pipeline", "bubble_formula", "torch_pipeline"],
@@ -50,12 +54,12 @@ for _module, _names in {
         _EXPORTS[_name] = _module
 del _module, _names, _name
 
-__all__ = sorted(_EXPORTS) + ["devices", "torchrun"]
+__all__ = sorted(_EXPORTS) + ["devices", "torchrun", "zero"]
 
 
 def __getattr__(name: str) -> Any:
     """Import the defining module of a public name on first use (PEP 562)."""
-    if name == "devices":
+    if name in ("devices", "zero"):
         return importlib.import_module(f"course_lib.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"course_lib.{_EXPORTS[name]}"), name)

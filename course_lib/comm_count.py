@@ -1,0 +1,100 @@
+"""Count the bytes a training step hands to collectives, by collective type (chapters 2-3).
+
+DDP's reducer (C++), FSDP2 and ``ZeroRedundancyOptimizer`` all end up calling the c10d
+operators ``torch.ops.c10d.*`` (``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``,
+``broadcast_`` ...) through the dispatcher, on gloo as on NCCL. :class:`CommCounter` is a
+``TorchDispatchMode`` that sees every such call made on this rank while it is active — also the
+ones DDP issues from inside ``backward`` — and adds up the sizes of the tensors involved.
+(``torch.distributed.tensor.debug.CommDebugMode`` sees the same calls but only counts them.)
+
+For each call the **message size** ``S`` is recorded as nccl-tests prints it: the whole buffer
+(the all-reduce / broadcast tensors, the all-gather *output*, the reduce-scatter *input*), i.e.
+the larger of the operator's first two tensor arguments. The **volume** is the ZeRO paper's
+accounting of what one rank sends (and receives): ``2·S`` for an all-reduce (a reduce-scatter
+followed by an all-gather), ``S`` for everything else — so data parallelism moves ``2Ψ`` per
+step and ZeRO-3 ``3Ψ`` (a ring sends ``(n-1)/n`` of that; the paper drops this factor).
+
+Usage, in a rank (works inside ``course_lib.run`` and under ``FakeTensorMode``)::
+
+    with CommCounter() as comm:
+        loss = model(x).sum(); loss.backward(); opt.step()
+    comm.bytes_by_type()   # {"all_reduce": 4_194_304, ...}
+    comm.volume()          # ZeRO-paper bytes of this step
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["CommCounter", "COLLECTIVE_NAMES", "volume_factor"]
+
+#: c10d operator name -> collective type, as the course names them.
+COLLECTIVE_NAMES: dict[str, str] = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "_allgather_base_": "all_gather", "allgather_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather", "allgather_coalesced_": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "send": "send", "recv_": "recv",
+    "recv_any_source_": "recv",
+}
+
+
+def volume_factor(collective: str) -> int:
+    """ZeRO-paper volume per byte of message: 2 for all-reduce, 1 for every other collective."""
+    return 2 if collective == "all_reduce" else 1
+
+
+def _nbytes(arg: Any) -> int:
+    leaves, _ = tree_flatten(arg)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+class CommCounter(TorchDispatchMode):
+    """Records ``(collective, message bytes, dtype)`` for every c10d collective while active.
+
+    ``calls`` lists them in order; :meth:`bytes_by_type`, :meth:`calls_by_type` and
+    :meth:`volume` summarise. Barriers and other tensor-less calls are ignored.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, torch.dtype | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.name.startswith("c10d::"):
+            kind = COLLECTIVE_NAMES.get(schema.name.split("::", 1)[1])
+            if kind is not None:
+                size = max(_nbytes(args[0]) if args else 0, _nbytes(args[1]) if len(args) > 1 else 0)
+                leaves = [t for t in tree_flatten(args[:2])[0] if isinstance(t, torch.Tensor)]
+                self.calls.append((kind, size, leaves[0].dtype if leaves else None))
+        return func(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Forget what was counted so far (e.g. between a warm-up step and a measured one)."""
+        self.calls.clear()
+
+    def bytes_by_type(self) -> dict[str, int]:
+        """Message bytes summed per collective type."""
+        out: dict[str, int] = defaultdict(int)
+        for kind, size, _ in self.calls:
+            out[kind] += size
+        return dict(out)
+
+    def calls_by_type(self) -> dict[str, int]:
+        """Number of calls per collective type."""
+        out: dict[str, int] = defaultdict(int)
+        for kind, _, _ in self.calls:
+            out[kind] += 1
+        return dict(out)
+
+    def volume(self) -> int:
+        """Bytes one rank sends in the ZeRO paper's accounting (all-reduce counts twice)."""
+        return sum(volume_factor(kind) * size for kind, size, _ in self.calls)
