@@ -30,6 +30,9 @@ for _module, _names in {
     "models": ["GPT", "GPTConfig", "MLP", "PRESETS", "param_count"],
     "memory": ["measure_step", "measure_inference"],
     "memory_report": ["MemoryReport"],
+    # 02 data parallelism
+    "collectives": ["show_collectives", "format_collectives"],
+    "ddp": ["broadcast_parameters", "average_gradients", "compare_ddp"],
     # 03 sharding
     "distributed_memory": ["measure_distributed", "compare_strategies"],
     "strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
