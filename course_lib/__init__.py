@@ -22,7 +22,6 @@ from course_lib.torchrun import torchrun  # noqa: E402
 _EXPORTS: dict[str, str] = {}
 for _module, _names in {
     # 00 launching ranks; exercises (every chapter)
-    "devices": ["plan", "describe"],
     "launch": ["run", "RankError", "warm_up"],
     "torchrun": ["torchrun_command", "cluster_command", "init_distributed", "TorchrunError"],
     "exercises": ["Feedback", "check_choice", "check_close", "check_number", "check_true"],
@@ -52,6 +51,10 @@ for _module, _names in {
     "checkpoint": ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
     "checkpoint_interval": ["young_daly_interval"],
     "fault_training": ["Fault"],
+    # 07 before you distribute
+    "lora": ["LoRALinear", "add_lora", "lora_param_count"],
+    "quantize": ["QuantLinear", "quantize", "quantize_model"],
+    "planner": ["plan"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

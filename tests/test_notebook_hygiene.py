@@ -51,7 +51,7 @@ def test_notebooks_follow_the_course_outline(path):
     assert re.search(r"\]\(0\d_[a-z_]+\.ipynb\)", "".join(cells[-1]["source"])), \
         f"{path.name}: no navigation link at the bottom"
     assert "## Summary" in markdown, f"{path.name}: no summary"
-    checks = len(re.findall(r"\bcheck_(number|close|choice|true)\(", code))
+    checks = len(re.findall(r"\bcheck_\w+\(", code))
     solutions = markdown.count("<summary>Solution")
     assert checks >= 2 and solutions >= 2, f"{path.name}: {checks} checks, {solutions} solutions"
     assert "answer = ..." in code or "NotImplementedError" in code, f"{path.name}: no learner stub"
