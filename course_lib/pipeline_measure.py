@@ -95,7 +95,7 @@ def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: in
 
 
 def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
-                     config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 4, seed: int = 0,
+                     config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 8, seed: int = 0,
                      steps: int = 3, grads: bool = False, timeout: float = 120.0) -> PipelineReport:
     """Run the hand-written ``schedule`` on ``p`` processes (one thread each) with ``m``
     micro-batches of ``micro_batch`` sequences; bad requests fail before any process starts.
