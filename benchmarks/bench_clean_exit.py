@@ -16,26 +16,9 @@ import statistics
 import time
 from collections import Counter
 
-import torch
 
 from course_lib import run
-from course_lib.exit_codes import recorded_exit_codes
-
-
-def fsdp_step() -> int:
-    from torch.distributed.fsdp import fully_shard
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
-
-
-def ddp_step() -> int:
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
+from course_lib.exit_codes import ddp_step, fsdp_step, recorded_exit_codes
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course_lib.devices import Placement, loopback_interface
+from course_lib.devices import loopback_interface
 
 
 def _watch_lifeline(fd: int) -> None:

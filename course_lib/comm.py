@@ -114,7 +114,7 @@ def _iters_for(size: int) -> int:
 def _bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | None,
                 warmup: int) -> list[tuple[str, int, float, int]]:
     """Executed on every rank: time each (collective, size); return (name, bytes, s, iters)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -40,3 +40,23 @@ def recorded_exit_codes() -> Iterator[list[list[int | None]]]:
         yield codes
     finally:
         launch._Rank.kill, launch._drain = original_kill, original_drain
+
+
+def fsdp_step() -> int:
+    """One FSDP2 forward/backward on a toy model (the launch pattern that aborted at exit)."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    model(torch.randn(2, 8)).sum().backward()
+    return 0
+
+
+def ddp_step() -> int:
+    """One DDP forward/backward on a toy model (the other launch pattern that aborted)."""
+    import torch
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    model(torch.randn(2, 8)).sum().backward()
+    return 0

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from course_lib.distributed_memory import measure_distributed
-from course_lib.memory_report import MemoryReport, format_bytes
+from course_lib.memory_report import MemoryReport
 from course_lib.models import get_config, param_count
 from course_lib.sharding_plots import plot_ranks
 from course_lib.strategies import DIST_PRECISIONS, STRATEGIES

@@ -12,7 +12,7 @@ import torch
 
 from course_lib import run
 from course_lib.distributed_memory import compare_strategies, measure_distributed
-from course_lib.exit_codes import recorded_exit_codes
+from course_lib.exit_codes import ddp_step, fsdp_step, recorded_exit_codes
 from course_lib.models import GPT, GPTConfig, param_count
 from course_lib.strategies import STRATEGIES
 from course_lib.zero import comm_bytes, param_shapes, per_rank_bytes
@@ -112,30 +112,14 @@ def test_bad_batches_and_models_are_refused():
         measure_distributed(42, (2, 8))
 
 
-def _fsdp_step() -> int:
-    from torch.distributed.fsdp import fully_shard
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
-
-
-def _ddp_step() -> int:
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
-
-
 def test_gloo_ranks_exit_cleanly_when_launched_repeatedly(no_leftover_ranks):
     """FSDP2 at 2 ranks and DDP at 4 used to abort at interpreter exit in 10-30 % of runs;
     ranks ended with os._exit never do. 10 launches each here; benchmarks/bench_clean_exit.py
     runs 100."""
     with recorded_exit_codes() as codes:
         for _ in range(10):
-            run(_fsdp_step, 2)
-            run(_ddp_step, 4)
+            run(fsdp_step, 2)
+            run(ddp_step, 4)
     assert len(codes) == 20
     assert codes == [[0, 0], [0, 0, 0, 0]] * 10
 

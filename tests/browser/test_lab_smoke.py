@@ -157,7 +157,6 @@ def test_open_notebook_run_to_the_widget_and_move_it(lab, browser, name):
         page.keyboard.press("Control+Enter")
         time.sleep(1)
         _wait_idle(page, 240)
-        out = target.locator(".jp-OutputArea-output").last
         widget = target.locator(".jupyter-widgets").first
         widget.wait_for(timeout=60_000)
         before = _view_of(target.locator(".jp-OutputArea").first)
