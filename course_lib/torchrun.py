@@ -116,7 +116,10 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
             proc.wait(10)
     output = "\n".join(lines)
     if code != 0:
-        match = re.findall(r"rank\s*:\s*(\d+)", output)
+        # torchrun's summary lists other failures first, then "Root Cause (first observed
+        # failure)": name the root cause's rank when there is one
+        root = output[output.find("Root Cause"):] if "Root Cause" in output else output
+        match = re.findall(r"rank\s*:\s*(\d+)", root)
         raise TorchrunError(code, int(match[0]) if match else None, output)
     return TorchrunResult(cmd, output, time.monotonic() - start)
 
