@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ch7_planner.py [preset] [method ...]
 
-Prints, per method, the probed (2+3 layers, extrapolated) and the full-depth per-GPU bytes and
+Prints, per method, the probed (two small depths, extrapolated) and the full-depth per-GPU bytes and
 the seconds each took. Default: gpt-7b on 8 × 80 GB, seq 2048, every method (several minutes).
 """
 from __future__ import annotations

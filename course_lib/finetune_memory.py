@@ -22,53 +22,30 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from course_lib.distributed_memory import make_inputs
 from course_lib.lora import DEFAULT_TARGETS, add_lora
-from course_lib.memory import GlobalMemTracker, make_optimizer, tracked_steps
+from course_lib.memory import make_optimizer, tracked_steps
 from course_lib.memory_report import MemoryReport
 from course_lib.models import GPT, GPTConfig, get_config
 from course_lib.quantize import quantize_model
 
-__all__ = ["METHODS", "FrozenAwareMemTracker", "build_finetune_model", "measure_finetune",
-           "measure_module"]
+__all__ = ["METHODS", "build_finetune_model", "measure_finetune", "measure_module"]
 
 METHODS = ("full", "lora", "qlora")
-
-
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-class FrozenAwareMemTracker(GlobalMemTracker):
-    """``GlobalMemTracker`` that also works when some parameters are frozen.
-
-    In torch 2.13 ``MemTracker`` registers a gradient hook on *every* parameter before each
-    module's forward and fails on frozen ones ("cannot register a hook on a tensor that doesn't
-    require gradient"). Frozen parameters never get a gradient, so they get a do-nothing handle.
-    """
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        for p in module.parameters():
-            if not p.requires_grad:
-                self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
 
 def measure_module(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], *,
                    autocast_dtype: torch.dtype | None = None, lr: float = 1e-3) -> MemoryReport:
     """Chapter 1's :func:`~course_lib.memory.tracked_steps` on a model with frozen parameters.
 
-    Adam sees only the trainable parameters. (``measure_step`` makes its own ``MemTracker``,
-    which fails on frozen parameters in torch 2.13: see :class:`FrozenAwareMemTracker`.)
+    Adam sees only the trainable parameters; the frozen base may be stored in another dtype than
+    the adapters (bf16 / NF4), which ``measure_step``'s precision check would refuse. Frozen
+    parameters are handled by chapter 1's tracker (:class:`course_lib.memory.GlobalMemTracker`).
     """
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the model has no trainable parameters: nothing to fine-tune")
     fake = isinstance(batch[0], torch._subclasses.fake_tensor.FakeTensor)
     opt = make_optimizer(trainable, "adam", lr=lr, foreach=False if fake else None)
-    tracker = FrozenAwareMemTracker()
-    tracker.track_external(model, opt, *batch)
-    report = tracked_steps(model, opt, batch, loss_fn=GPT.loss, tracker=tracker,
-                           autocast_dtype=autocast_dtype)
+    report = tracked_steps(model, opt, batch, loss_fn=GPT.loss, autocast_dtype=autocast_dtype)
     report.info.update(trainable=sum(p.numel() for p in trainable), fake=fake)
     return report
 

@@ -37,12 +37,31 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _DTYPE = {"fp32": torch.float32, "amp": torch.float32, "bf16": torch.bfloat16}
 
 
+class _NoHook:
+    """Stands in for a gradient-hook handle on a frozen parameter (nothing to remove)."""
+
+    def remove(self) -> None:
+        pass
+
+
 class GlobalMemTracker(MemTracker):
-    """``MemTracker`` that keeps only the global "current" and "peak" snapshots.
+    """``MemTracker`` that keeps only the global "current" and "peak" snapshots, and that
+    accepts frozen parameters.
 
     The stock tracker also updates a per-module peak for every module after every operator,
     which made a fake 7B step take ~55 s instead of ~10 s; chapter 1 reads only global snapshots.
+    It also registers a gradient hook on *every* parameter before each module's forward, which
+    fails on frozen ones in torch 2.13 ("cannot register a hook on a tensor that doesn't require
+    gradient") — e.g. LoRA's frozen base (chapter 7). A frozen parameter never gets a gradient,
+    so it gets a do-nothing handle instead of a hook; it is still counted under params.
     """
+
+    def _track_module_params_and_buffers(self, module: nn.Module,
+                                         install_grad_hooks: bool = True) -> tuple[int, int]:
+        for p in module.parameters():
+            if not p.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _update_peak_stats(self, peak_state: object) -> None:
         for dev, dev_snap in self._curr_mem_snap.items():

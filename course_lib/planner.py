@@ -12,22 +12,29 @@ GPU size, a GPU count and a sequence length, do I need to distribute at all?* :f
 with bytes per GPU by category, fits or not, and a rough cost. Every number is a fake-tensor
 measurement (no memory is allocated). **Depth probes**: a 32-layer fake step takes ~10 s per
 method on 2 cores, so for deep models (``depth="probe"``, the default above 4 layers) each method
-is measured at 2 and 3 layers and extrapolated linearly to ``n_layer`` — exact, because every
-block adds the same tensors (the tests compare it with full-depth runs). Two exceptions are
-labelled: ZeRO-1 gives *whole* tensors to ranks greedily, so rank 0's optimizer share does not
-scale with depth — it comes from :func:`course_lib.zero.per_rank_bytes` (formula); FSDP's *peak*
-is not linear in depth (its moment moves as blocks are gathered and freed one by one) — the probe
-gave 4 % more than a full-depth run at 4 layers and 31 % more at 7B (28.7 vs 21.8 GB), so it is
-labelled an upper estimate. Every other category matched exactly at 7B
-(``benchmarks/bench_ch7_planner.py``). ``depth="full"`` measures
-at full depth. Results are cached in the ``cache`` dict a caller passes (the widget keeps one).
+is measured at two small depths and extrapolated linearly to ``n_layer`` — exact, because every
+block adds the same tensors (the tests compare it with full-depth runs). The depths are 1 and 2
+layers (a fake step costs per operator, so the fewer layers the faster), except for ZeRO-2 and
+FSDP, measured at 2 and 3: FSDP2's peak with a single block differs (1 → 2 layers adds 32 kB more
+than every later layer on ``small``). Two exceptions are labelled: ZeRO-1 gives *whole* tensors
+to ranks greedily, so rank 0's optimizer share does not scale with depth — it comes from
+:func:`course_lib.zero.per_rank_bytes` (formula); FSDP's *peak* is not linear in depth (its moment
+moves as blocks are gathered and freed one by one) — the probe gave 4 % more than a full-depth
+run at 4 layers and 31 % more at 7B (28.7 vs 21.8 GB), so it is labelled an upper estimate.
+Every other category matched exactly at 7B (``benchmarks/bench_ch7_planner.py``).
+``depth="full"`` measures at full depth. Results are cached in the ``cache`` dict a caller
+passes (the widget keeps one); the garbage collector is paused during the fake runs (they create
+many short-lived objects; a full collection walks every object of a torch process).
 
 Cost (rough, stated): training FLOPs per token 6·N for full fine-tuning, 4·N for (Q)LoRA (no
 weight gradients for frozen weights: forward 2N + input-gradients 2N), at ``mfu`` × ``tflops``.
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from course_lib.distributed_memory import measure_distributed
 from course_lib.finetune_memory import measure_finetune
@@ -42,6 +49,9 @@ ADAPTER_METHODS = ("lora", "qlora")
 _LABELS = {"ddp": "full FT · DDP", "zero1": "full FT · ZeRO-1", "zero2": "full FT · ZeRO-2",
            "fsdp": "full FT · FSDP", "lora": "LoRA (bf16 base)", "qlora": "QLoRA (NF4 base)"}
 _KEYS = ("weights", "grads", "optimizer", "activations", "peak")
+#: Depths of the two probe runs per method (FSDP2's peak with one block is not on the line).
+_PROBE_LAYERS = {"ddp": (1, 2), "zero1": (1, 2), "zero2": (2, 3), "fsdp": (2, 3), "lora": (1, 2),
+                 "qlora": (1, 2)}
 #: Default cost assumptions: an 80 GB A100-class GPU (312 dense bf16 TFLOP/s), 40 % MFU, $2/GPU-h.
 ASSUMPTIONS = {"tflops": 312.0, "mfu": 0.40, "usd_per_gpu_hour": 2.0, "usable_fraction": 0.90}
 
@@ -126,11 +136,11 @@ def _cached(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: 
 
 
 def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int) -> tuple[dict, str]:
-    two = _cached(cache, config.replace(n_layer=2), method, n_gpus, shape, r)
-    three = _cached(cache, config.replace(n_layer=3), method, n_gpus, shape, r)
-    steps = config.n_layer - 2
-    out = {k: two[k] + (three[k] - two[k]) * steps for k in _KEYS}
-    source = f"fake, 2+3 layers → {config.n_layer}"
+    low, high = _PROBE_LAYERS[method]
+    a = _cached(cache, config.replace(n_layer=low), method, n_gpus, shape, r)
+    b = _cached(cache, config.replace(n_layer=high), method, n_gpus, shape, r)
+    out = {k: a[k] + (b[k] - a[k]) * (config.n_layer - low) for k in _KEYS}
+    source = f"fake, {low}+{high} layers → {config.n_layer}"
     if method == "zero1":  # greedy whole-tensor shares: take rank 0's optimizer share from the formula
         exact = per_rank_bytes(param_shapes(config), "zero1", n_gpus)[0]["optimizer"]
         out["peak"] += exact - out["optimizer"]
@@ -139,6 +149,18 @@ def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: 
     if method == "fsdp":  # the peak moment moves with depth (blocks gathered/freed one by one)
         source += "; peak: upper estimate"
     return out, source
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause automatic garbage collection (restored on exit, also after an error)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth) -> GPTConfig:
@@ -165,7 +187,7 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
     ``model``: a :class:`GPTConfig` or preset name (a longer ``seq_len`` than the config's
     extends its position table). ``r``: LoRA rank (adapters on qkv, attn.proj, mlp.fc, mlp.proj).
     ``tokens``: fine-tuning tokens for the cost. ``depth``: ``"full"`` measures at full depth,
-    ``"probe"`` at 2 and 3 layers (extrapolated), ``"auto"`` probes above 4 layers. ``methods``: a
+    ``"probe"`` at two small depths (extrapolated), ``"auto"`` probes above 4 layers. ``methods``: a
     subset of the rows (each costs fake runs). Keyword
     overrides of :data:`ASSUMPTIONS`: ``tflops``, ``mfu``, ``usd_per_gpu_hour``, ``usable_fraction``.
     """
@@ -186,10 +208,11 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
                          f"got {methods!r}")
     for method in methods:
         gpus = n_gpus if method in FULL_STRATEGIES else 1
-        if probe and config.n_layer > 3:
-            per_gpu, source = _probed(cache, config, method, gpus, shape, r)
-        else:
-            per_gpu, source = _cached(cache, config, method, gpus, shape, r), "fake, full depth"
+        with _gc_paused():
+            if probe and config.n_layer > _PROBE_LAYERS[method][1]:
+                per_gpu, source = _probed(cache, config, method, gpus, shape, r)
+            else:
+                per_gpu, source = _cached(cache, config, method, gpus, shape, r), "fake, full depth"
         flops = (6 if method in FULL_STRATEGIES else 4) * n * a["tokens"]
         gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
         out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,

@@ -2,8 +2,9 @@
 
 The widget only collects inputs and prints the plan; tests call :func:`course_lib.planner.plan`.
 Each widget keeps its own cache of fake-tensor measurements, so going back to a setting you have
-already seen answers at once. The default is the tiny preset (a few seconds); ``gpt-7b`` runs
-12 fake steps of 2- and 3-layer slices: expect ~10-30 s on 2 CPU cores.
+already seen answers at once. A new setting costs fake-tensor runs, priced per operator (not per
+byte): the tiny preset ~5-10 s on 2 CPU cores (~20 s for the very first call of a kernel, while
+torch warms up its fake kernels); ``gpt-7b`` measures 1-3-layer slices: ~10-30 s.
 """
 from __future__ import annotations
 

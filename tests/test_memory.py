@@ -53,6 +53,21 @@ def test_mlp_with_float_targets_uses_mse_and_counts_exactly():
     assert report["activations"] > 0
 
 
+def test_frozen_parameters_get_no_gradient_or_optimizer_bytes():
+    """Fine-tuning freezes weights (chapter 7): torch 2.13's MemTracker alone refuses them."""
+    torch.manual_seed(0)
+    model = GPT(PRESETS["tiny"])
+    for p in list(model.blocks[0].parameters()) + [model.lm_head.weight]:
+        p.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    report = measure_step(model, tokens(2, 16), optimizer="adam")
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    trainable_bytes = sum(4 * p.numel() for p in trainable)
+    assert report["params"] == sum(4 * p.numel() for p in model.parameters())  # frozen ones too
+    assert report["grads"] == trainable_bytes < report["params"]
+    assert report["optimizer"] == 2 * trainable_bytes + 4 * len(trainable)
+
+
 @pytest.mark.parametrize("name,batch", [("tiny", (8, 64)), ("small", (4, 128)), ("medium", (1, 256))])
 def test_activation_prediction_within_10_percent_for_every_preset(name, batch):
     report = measure_step(name, batch)
