@@ -55,17 +55,19 @@ for _module, _names in {
     "lora": ["LoRALinear", "add_lora", "lora_param_count"],
     "quantize": ["QuantLinear", "quantize", "quantize_model"],
     "planner": ["plan"],
+    # 08 DeepSpeed
+    "deepspeed_zero": ["deepspeed_config", "deepspeed_status", "run_zero_stages"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module
 del _module, _names, _name
 
-__all__ = sorted(_EXPORTS) + ["devices", "torchrun", "zero"]
+__all__ = sorted(_EXPORTS) + ["devices", "progress", "torchrun", "zero"]
 
 
 def __getattr__(name: str) -> Any:
     """Import the defining module of a public name on first use (PEP 562)."""
-    if name in ("devices", "zero"):
+    if name in ("devices", "progress", "zero"):
         return importlib.import_module(f"course_lib.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"course_lib.{_EXPORTS[name]}"), name)
