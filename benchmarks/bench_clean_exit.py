@@ -4,7 +4,7 @@
     python benchmarks/bench_clean_exit.py --runs 20
 
 Each launch runs one forward/backward through ``course_lib.run`` and records every rank's exit
-status with :func:`course_lib.exit_codes.recorded_exit_codes` (0 = clean, -6 = SIGABRT). Before
+status through ``run(..., report=RunReport())`` (0 = clean, -6 = SIGABRT). Before
 the launcher ended ranks with ``os._exit``, 10-30 % of such runs aborted at interpreter shutdown
 ("terminate called without an active exception", see shared/pytorch-cpu-facts.md). Prints the
 counts and the median launch time.
@@ -16,9 +16,9 @@ import statistics
 import time
 from collections import Counter
 
-
 from course_lib import run
-from course_lib.exit_codes import ddp_step, fsdp_step, recorded_exit_codes
+from course_lib.exit_codes import ddp_step, fsdp_step
+from course_lib.launch import RunReport
 
 
 def main() -> None:
@@ -27,15 +27,16 @@ def main() -> None:
     args = parser.parse_args()
     run(ddp_step, 2)  # start the warm server outside the timings
     for name, fn, nprocs in (("FSDP2", fsdp_step, 2), ("DDP", ddp_step, 4)):
-        seconds, failures = [], 0
-        with recorded_exit_codes() as codes:
-            for _ in range(args.runs):
-                start = time.perf_counter()
-                try:
-                    run(fn, nprocs)
-                except Exception:  # noqa: BLE001 - a failed launch is what we count
-                    failures += 1
-                seconds.append(time.perf_counter() - start)
+        seconds, failures, codes = [], 0, []
+        for _ in range(args.runs):
+            report = RunReport()
+            start = time.perf_counter()
+            try:
+                run(fn, nprocs, report=report)
+            except Exception:  # noqa: BLE001 - a failed launch is what we count
+                failures += 1
+            seconds.append(time.perf_counter() - start)
+            codes.append(report.exit_statuses)  # filled even when run raised
         statuses = Counter(code for launch in codes for code in launch)
         bad = sum(1 for launch in codes if any(code != 0 for code in launch))
         print(f"{name} at {nprocs} ranks: {args.runs} launches, {bad} with a non-zero exit status, "

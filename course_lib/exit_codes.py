@@ -3,43 +3,26 @@
 Background (chapter 3, ``shared/pytorch-cpu-facts.md``): a gloo rank that finishes its work and
 then lets the Python interpreter shut down aborts in 10-30 % of runs ("terminate called without
 an active exception", SIGABRT) — a gloo thread grabs the GIL during finalisation. The launcher
-therefore ends each rank with ``os._exit`` right after handing its result over.
+therefore ends each rank with ``os._exit`` once every rank has handed its result over.
 
-``run`` itself does not return exit statuses: once every rank has answered it kills whatever
-has not exited yet. :func:`recorded_exit_codes` patches two private helpers of
-:mod:`course_lib.launch` *for the duration of a with-block* so that ranks which answered may end
-on their own and their exit statuses are recorded (``0`` = clean, ``-6`` = SIGABRT, ``None`` =
-did not end within the launcher's 5-second drain).
+``run`` reports exit statuses through its supported hook, ``run(..., report=RunReport())``
+(``report.exit_statuses``: ``0`` = clean, ``-6`` = SIGABRT, ``None`` = did not end within the
+launcher's 5-second drain); :func:`exit_statuses` is the one-line form.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable
 
-from course_lib import launch
+from course_lib.launch import RunReport, run
 
-__all__ = ["recorded_exit_codes"]
+__all__ = ["exit_statuses", "fsdp_step", "ddp_step"]
 
 
-@contextmanager
-def recorded_exit_codes() -> Iterator[list[list[int | None]]]:
-    """Within the block, every ``run`` appends its ranks' exit statuses to the yielded list."""
-    codes: list[list[int | None]] = []
-    original_kill, original_drain = launch._Rank.kill, launch._drain
-
-    def kill(state: launch._Rank) -> None:
-        if state.outcome is None:  # only ranks that never answered are killed
-            original_kill(state)
-
-    def drain(ranks, sel, deadline: float) -> None:
-        original_drain(ranks, sel, deadline)
-        codes.append([state.exitcode for state in ranks])
-
-    launch._Rank.kill, launch._drain = kill, drain
-    try:
-        yield codes
-    finally:
-        launch._Rank.kill, launch._drain = original_kill, original_drain
+def exit_statuses(fn: Callable[..., Any], nprocs: int, *args: Any, **kwargs: Any) -> list:
+    """Run ``fn`` like :func:`course_lib.run` and return its ranks' exit statuses, in rank order."""
+    report = RunReport()
+    run(fn, nprocs, *args, report=report, **kwargs)
+    return report.exit_statuses
 
 
 def fsdp_step() -> int:

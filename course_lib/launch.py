@@ -4,14 +4,15 @@ Why not ``torch.multiprocessing.spawn``? It cannot start a function defined in a
 (the child looks it up in ``__main__`` and fails), and ``torchrun`` costs seconds per launch on a
 laptop because every rank imports torch again. Here:
 
-* ranks are forked from a **warm fork server** (``multiprocessing``'s forkserver with torch
-  preloaded), so a 4-rank launch costs tens of milliseconds after the first one;
+* ranks are forked from a **warm fork server** (like ``multiprocessing``'s forkserver, with
+  torch preloaded), so a 4-rank launch costs tens of milliseconds after the first one;
 * the function is shipped **by value** with cloudpickle, so cell-defined functions work;
 * rendezvous uses a **file store** in a private temporary directory: no port to collide with
   another notebook, no host-name look-up (a TCP store stalled 5 s in 1 run of 10 here);
 * each rank's stdout/stderr is streamed live into the cell, prefixed ``[rank r]``;
 * a failing rank, a timeout or an interrupt ends *every* rank; a dying parent takes its ranks
-  with it through a lifeline pipe (see :mod:`course_lib._worker`).
+  with it through a lifeline pipe (see :mod:`course_lib._worker`), which also releases the
+  ranks together once every result is in.
 
 Chapter 00 introduces it; every later chapter runs its experiments with it. For scripts and
 multi-node command lines, see :mod:`course_lib.torchrun`.
@@ -34,10 +35,10 @@ from typing import Any, Callable, TextIO
 
 import cloudpickle
 
-from course_lib import devices
+from course_lib import devices, progress
 from course_lib._warm import WarmServer
 
-__all__ = ["run", "RankError", "warm_up"]
+__all__ = ["run", "RankError", "RunReport", "warm_up"]
 
 
 class RankError(RuntimeError):
@@ -82,6 +83,7 @@ class _Rank:
     partial: dict = field(default_factory=lambda: {"out": b"", "err": b"", "result": b""})
     outcome: tuple | None = None
     exitcode: int | None = None
+    stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
 
     def kill(self) -> None:
         if self.exitcode is None:
@@ -92,8 +94,8 @@ class _Rank:
 
 
 def _emit(line: bytes, rank: int, stream: TextIO) -> None:
-    stream.write(f"[rank {rank}] {line.decode('utf-8', 'replace')}\n")
-    stream.flush()
+    # "[rank r] ..." as it arrives; in a watched notebook long logs fold (course_lib.progress)
+    progress.emit(line.decode("utf-8", "replace"), rank, stream)
 
 
 def _pump(state: _Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
@@ -113,7 +115,7 @@ def _pump(state: _Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool
         state.partial["result"] += data
         if not data:
             raw = state.partial["result"]
-            state.outcome = pickle.loads(raw) if raw else None
+            state.outcome, state.stamps = pickle.loads(raw) if raw else (None, [])
     else:
         stream = sys.stdout if name == "out" else sys.stderr
         if data:
@@ -160,9 +162,25 @@ def _module_of(fn: Callable[..., Any]) -> tuple[str, ...]:
     return (name,)
 
 
+@dataclass
+class RunReport:
+    """What one ``run`` observed about its own ranks; pass ``run(..., report=RunReport())``.
+
+    ``exit_statuses``: each rank's exit status in rank order (0 = clean exit, negative = killed
+    by that signal, e.g. -6 SIGABRT; ``None`` = had not ended within the 5-second drain).
+    ``phases``: ``(phase, seconds since run was called)`` for the launching process, and
+    ``rank_phases[r]`` the same for rank ``r`` — the launch-overhead breakdown printed by
+    ``benchmarks/bench_launch.py``.
+    """
+
+    exit_statuses: list = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    rank_phases: list = field(default_factory=list)
+
+
 def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None = None,
         device: str | None = None, timeout: float = 120.0, threads: int | None = None,
-        **kwargs: Any) -> list:
+        report: RunReport | None = None, **kwargs: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on ``nprocs`` processes with torch.distributed initialised.
 
     Returns the per-rank return values in rank order. Inside ``fn``, ``dist.get_rank()`` and
@@ -170,13 +188,17 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     sets them). ``backend``/``device`` override the automatic choice (gloo on CPU; NCCL with one
     GPU per rank when there are enough GPUs — see :func:`course_lib.devices.plan`).
     ``timeout`` (seconds) bounds the whole run; ``threads`` sets torch threads per rank.
-    The names ``backend``, ``device``, ``timeout`` and ``threads`` belong to ``run``: to give
-    ``fn`` arguments with those names, wrap it with ``functools.partial``.
+    ``report``, a :class:`RunReport`, is filled in with the ranks' exit statuses and a timing
+    breakdown (for tests and benchmarks).
+    The names ``backend``, ``device``, ``timeout``, ``threads`` and ``report`` belong to ``run``:
+    to give ``fn`` arguments with those names, wrap it with ``functools.partial``.
 
     Raises :class:`RankError` naming the first rank that failed (with its traceback),
     ``TimeoutError`` when ranks do not finish in time; on any error or interrupt all ranks are
     killed before ``run`` returns.
     """
+    start = time.monotonic()
+    phases = [("called", start)]
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -189,64 +211,116 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
                         f"ranks: {exc}") from exc
 
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
+    phases.append(("checked and pickled", time.monotonic()))
     server = _SERVERS.get()
+    phases.append(("server ready", time.monotonic()))
     workdir = tempfile.mkdtemp(prefix="course_lib_run_")
     lifeline_r, lifeline_w = os.pipe()
     ranks: list[_Rank] = []
     sel = selectors.DefaultSelector()
+    succeeded, pipes = False, []
     try:
-        for rank in range(nprocs):
-            pipes = {name: os.pipe() for name in ("out", "err", "result", "exit")}
-            job = (rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
-            child_fds = [pipes["out"][1], pipes["err"][1], pipes["result"][1], lifeline_r,
-                         pipes["exit"][1]]
-            try:
-                pid = server.fork(job, child_fds, _module_of(fn))
-            finally:
-                for _, w in pipes.values():  # the server and the child hold their own copies
+        pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")}
+                 for _ in range(nprocs)]
+        jobs = [(rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
+                for rank in range(nprocs)]
+        try:
+            pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
+                                       p["exit"][1]] for p in pipes], _module_of(fn))
+        finally:
+            for p in pipes:
+                for _, w in p.values():  # the server and the child hold their own copies
                     os.close(w)
-            state = _Rank(rank, pid, {name: r for name, (r, _) in pipes.items()})
+        phases.append(("ranks forked", time.monotonic()))
+        for rank, (pid, p) in enumerate(zip(pids, pipes)):
+            state = _Rank(rank, pid, {name: r for name, (r, _) in p.items()})
             ranks.append(state)
             for name, fd in state.fds.items():
                 sel.register(fd, selectors.EVENT_READ, (state, name))
+        pipes = []
         os.close(lifeline_r)
         lifeline_r = -1
-        return _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
+        results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
+        phases.append(("results in", time.monotonic()))
+        succeeded = True
+        return results
     finally:
-        for state in ranks:
-            state.kill()
-        _drain(ranks, sel, deadline=time.monotonic() + 5)
-        sel.close()
-        for state in ranks:
-            for fd in state.fds.values():
-                os.close(fd)
-        for fd in (lifeline_r, lifeline_w):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
+        # After a success, every rank has closed its output and waits for a byte on the lifeline
+        # to end (status 0). Unless exit statuses are asked for, release them only on the way
+        # out: their exits (~10 ms of CPU each, the server reaps them) then overlap with
+        # whatever the caller does next instead of delaying this return.
+        release_late = succeeded and report is None  # a report waits for the exit statuses
+        if not release_late:
+            _release(lifeline_w, nprocs if succeeded else 0)
+            lifeline_w = -1
+        try:
+            for state in ranks:
+                if state.outcome is None:
+                    state.kill()
+            _drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            if not succeeded:
+                for state in ranks:
+                    state.kill()  # one that answered and still did not end
+            phases.append(("output closed" if release_late else "ranks ended", time.monotonic()))
+            sel.close()
+            for state in ranks:
+                for fd in state.fds.values():
+                    os.close(fd)
+            for p in pipes:  # pipes of ranks that never started (the server failed)
+                for r, _ in p.values():
+                    os.close(r)
+            if lifeline_r >= 0:
+                os.close(lifeline_r)
+            shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            if lifeline_w >= 0:
+                _release(lifeline_w, nprocs)
+        if report is not None:
+            report.exit_statuses = [state.exitcode for state in ranks]
+            report.phases = [(name, t - start) for name, t in phases]
+            report.rank_phases = [[(name, t - start) for name, t in state.stamps]
+                                  for state in ranks]
+
+
+def _release(lifeline_w: int, nprocs: int) -> None:
+    """Write one byte per rank on the lifeline (each ends cleanly), then close it (any rank still
+    working kills itself — the same as when the parent dies)."""
+    try:
+        os.write(lifeline_w, b"x" * nprocs)
+    except OSError:  # BrokenPipeError: every rank has gone already
+        pass
+    finally:
+        os.close(lifeline_w)
 
 
 def _supervise(ranks: list[_Rank], sel: selectors.BaseSelector, nprocs: int, deadline: float,
                timeout: float) -> list:
     """Forward output and collect results until every rank answered, one failed, or time is up."""
     waiting = set(range(nprocs))
-    while waiting:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"rank(s) {sorted(waiting)} of {nprocs} did not finish within "
-                               f"{timeout:g} s; a collective may be waiting for a rank that never "
-                               "calls it (pass a larger timeout= if the work is just slow)")
-        for key, _ in sel.select(timeout=min(remaining, 1.0)):
-            state, name = key.data
-            if _pump(state, name, key.fd, sel):
-                continue
-            if name == "result":
-                if state.outcome is None or state.outcome[0] == "error":
-                    _wait_exit(state, sel)
+    with progress.watch(f"run on {nprocs} ranks", nprocs) as view:  # silent outside a notebook
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"rank(s) {sorted(waiting)} of {nprocs} did not finish within "
+                                   f"{timeout:g} s; a collective may be waiting for a rank that "
+                                   "never calls it (pass a larger timeout= if the work is just "
+                                   "slow)")
+            for key, _ in sel.select(timeout=min(remaining, view.wait)):
+                state, name = key.data
+                if _pump(state, name, key.fd, sel):
+                    continue
+                if name == "result":
+                    if state.outcome is None or state.outcome[0] == "error":
+                        _wait_exit(state, sel)
+                        raise _failure_of(state, nprocs)
+                    waiting.discard(state.rank)
+                    view.update(done=nprocs - len(waiting))
+                elif name == "exit" and state.rank in waiting and "result" not in _open(sel, state):
                     raise _failure_of(state, nprocs)
-                waiting.discard(state.rank)
-            elif name == "exit" and state.rank in waiting and "result" not in _open(sel, state):
-                raise _failure_of(state, nprocs)
+            view.tick()
+        for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
+            if key.data[1] in ("out", "err"):
+                _pump(key.data[0], key.data[1], key.fd, sel)
     return [cloudpickle.loads(state.outcome[1]) for state in ranks]
 
 
@@ -263,9 +337,14 @@ def _wait_exit(state: _Rank, sel: selectors.BaseSelector, limit: float = 2.0) ->
             _pump(other, name, key.fd, sel)
 
 
-def _drain(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float) -> None:
-    """After the kill: print what ranks wrote last and wait until the server reaped each one."""
-    while sel.get_map() and time.monotonic() < deadline:
+def _drain(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float,
+           wait_exit: bool = True) -> None:
+    """After the kill: print what ranks wrote last and (``wait_exit``) wait until the server
+    reaped each one and sent its exit status."""
+    def pending() -> bool:
+        return any(wait_exit or key.data[1] != "exit" for key in sel.get_map().values())
+
+    while pending() and time.monotonic() < deadline:
         for key, _ in sel.select(timeout=0.1):
             state, name = key.data
             _pump(state, name, key.fd, sel)

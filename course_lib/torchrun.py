@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from course_lib import devices
+from course_lib import devices, progress
 
 __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError"]
 
@@ -95,15 +95,18 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     cmd = torchrun_command(target, nprocs, args, max_restarts=max_restarts, module=module)
     threads = str(max(1, devices.cpu_count() // nprocs))
-    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **(env or {}), "PYTHONUNBUFFERED": "1",
+                 "COURSE_PROGRESS_CHANNEL": "1"}  # lets progress.report() in ranks reach us
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "course_lib._reaper", *cmd],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=child_env)
     lines: list[str] = []
     try:
-        _stream(proc, lines, start + timeout, quiet)
-        code = proc.wait()
+        name = target if module else os.path.basename(target)
+        with progress.watch(f"torchrun {name} on {nprocs} ranks") as view:  # silent outside Jupyter
+            _stream(proc, lines, start + timeout, quiet, view)
+            code = proc.wait()
     except TimeoutError:
         proc.terminate()
         proc.wait(10)
@@ -124,14 +127,17 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     return TorchrunResult(cmd, output, time.monotonic() - start)
 
 
-def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bool) -> None:
+def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bool,
+            view: progress.View) -> None:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     partial = b""
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError
-        if not sel.select(timeout=0.5):
+        ready = sel.select(timeout=view.wait / 2)
+        view.tick()
+        if not ready:
             continue
         data = os.read(proc.stdout.fileno(), 1 << 16)
         *complete, partial = (partial + data).split(b"\n") if data else ([partial] if partial else []) + [b""]
@@ -139,11 +145,10 @@ def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bo
             if not raw.strip():
                 continue
             match = _PREFIX.match(raw)
-            text = (f"[rank {int(match.group(1))}] " + raw[match.end():].decode("utf-8", "replace")
-                    if match else "[torchrun] " + raw.decode("utf-8", "replace"))
-            lines.append(text)
-            if not quiet:
-                print(text, flush=True)
+            rank = int(match.group(1)) if match else None
+            body = raw[match.end() if match else 0:].decode("utf-8", "replace")
+            if view.line(rank, body, sys.stdout, echo=not quiet):  # False: a progress report
+                lines.append(progress.prefix(rank) + body)
         if not data:
             sel.close()
             return

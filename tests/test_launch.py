@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import devices, launch
-from course_lib.launch import RankError, run
-from conftest import rank_processes, wait_gone
+from course_lib.launch import RankError, RunReport, run
+from processes import rank_processes, wait_gone
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 
@@ -29,11 +29,26 @@ def _all_reduce_rank(scale: float = 1.0, *, offset: float = 0.0):
 
 
 def test_results_come_back_in_rank_order_with_args_and_kwargs():
-    out = run(_all_reduce_rank, 4, 2.0, offset=1.0)
+    report = RunReport()
+    out = run(_all_reduce_rank, 4, 2.0, offset=1.0, report=report)
     assert out == [(r, 4, 6.0 * 2.0 + 1.0, str(r)) for r in range(4)]
+    assert report.exit_statuses == [0, 0, 0, 0]  # released together, ended with os._exit(0)
+    for phases in [report.phases, *report.rank_phases]:  # a timeline: moments in order
+        assert [t for _, t in phases] == sorted(t for _, t in phases)
+    assert [name for name, _ in report.phases][-2:] == ["results in", "ranks ended"]
+    assert len(report.rank_phases) == 4 and report.rank_phases[3][-1][0] == "result pickled"
 
 
-def test_single_rank_works():
+def _environment():
+    return os.environ.get("COURSE_LIB_TEST_NEW"), "GLIBC_TUNABLES" in os.environ, os.getcwd()
+
+
+def test_single_rank_works_and_sees_the_callers_environment(monkeypatch, tmp_path):
+    run(_all_reduce_rank, 1)  # the server is running before the environment changes
+    monkeypatch.setenv("COURSE_LIB_TEST_NEW", "yes")
+    monkeypatch.chdir(tmp_path)
+    # the server's own malloc tunable must not leak into the rank's environment
+    assert run(_environment, 1) == [("yes", "GLIBC_TUNABLES" in os.environ, str(tmp_path))]
     assert run(_all_reduce_rank, 1) == [(0, 1, 0.0, "0")]
 
 
@@ -72,9 +87,12 @@ def _fail_on_rank_two():
 
 def test_a_raising_rank_names_itself_with_its_traceback_and_stops_the_others():
     t0 = time.monotonic()
+    report = RunReport()
     with pytest.raises(RankError) as info:
-        run(_fail_on_rank_two, 4, timeout=60)
+        run(_fail_on_rank_two, 4, timeout=60, report=report)
     err = info.value
+    # rank 2 ended with status 1 after reporting; the others were killed (SIGKILL) in barrier
+    assert report.exit_statuses == [-signal.SIGKILL, -signal.SIGKILL, 1, -signal.SIGKILL]
     assert err.rank == 2 and err.exc_type == "KeyError"
     assert "rank 2 of 4 failed with KeyError" in str(err)
     assert "in _fail_on_rank_two" in err.remote_traceback
@@ -164,7 +182,9 @@ def test_a_killed_parent_takes_its_ranks_and_server_with_it(tmp_path):
     script = f"from course_lib.launch import run\nfrom test_launch import _sleep_and_report_pid\n" \
              f"run(_sleep_and_report_pid, 3, {path!r})\n"
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
-    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    # cwd: this folder, so the test module and its helpers import as they do under pytest
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env,
+                              cwd=os.path.dirname(__file__))
     try:
         pids = _pids(path, 3)
         server = [p.pid for p in psutil.Process(parent.pid).children()]
@@ -179,7 +199,7 @@ def test_two_concurrent_launches_do_not_collide():
               "for _ in range(5):\n    assert run(_all_reduce_rank, 3)[2][2] == 3.0\nprint('ok')\n")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+                              text=True, cwd=os.path.dirname(__file__)) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and all("ok" in o for o in outs)
 

@@ -12,7 +12,7 @@ import pytest
 
 from course_lib import launch
 from course_lib.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
-from conftest import wait_gone
+from processes import wait_gone
 
 # course_lib.torchrun is the function (the course's API); its module is reached through sys.modules
 tr = sys.modules["course_lib.torchrun"]

@@ -2,9 +2,12 @@
 
 nbval runs every cell and compares text outputs, but it never renders a plot or a widget. This
 test does what a learner does: starts JupyterLab on loopback, opens each notebook in Debian's
-Chromium (driven by Playwright; no browser is downloaded), runs the cells up to and including
-the first widget, moves that widget, and asserts that what the widget shows changes and that no
-cell shows an error. Screenshots
+Chromium (driven by Playwright; no browser is downloaded), runs the first widget's cell and the
+cells it needs (``cell_slice``: the cells binding the names it reads, not the measurements above
+it), moves that widget, and asserts that what the widget shows changes and that no cell shows an
+error. To stay within about two minutes on two cores, the JupyterLab page loads once and all
+notebooks share one kernel (torch and the warm server start once); the served copies hold no
+stored outputs, so whatever shows ran in this session. Screenshots
 land in ``test-output/screenshots/`` (CI keeps that folder as an artifact).
 
 Needs ``/usr/bin/chromium`` and the ``playwright`` package; without them the test is skipped —
@@ -14,8 +17,8 @@ failure.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -26,12 +29,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cell_slice import cells_needed
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_SOURCE = ("interact(", "_widget(", "widget()", "widgets.interact")
+PANEL = ".jp-NotebookPanel:visible"  # the notebook on screen (earlier ones stay open, hidden)
 
 try:
     from playwright.sync_api import sync_playwright
@@ -57,11 +62,19 @@ def lab(tmp_path_factory):
     settings = tmp_path_factory.mktemp("lab-settings")
     tracker = settings / "@jupyterlab" / "notebook-extension"
     tracker.mkdir(parents=True)
-    # render every cell (no virtual scrolling), so the test can find cells anywhere
-    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # render every cell (no virtual scrolling), so the test can find cells anywhere; start the
+    # kernel without asking (a late "Select Kernel" dialog would swallow the key presses)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps(
+        {"windowingMode": "none", "autoStartDefaultKernel": True}))
     # serve a copy: a browser session autosaves, and the repo's notebooks must stay as committed
     served = tmp_path_factory.mktemp("lab-root")
     shutil.copytree(ROOT / "notebooks", served / "notebooks")
+    for path in (served / "notebooks").glob("*.ipynb"):  # no stored outputs or prompt numbers:
+        notebook = json.loads(path.read_text())        # what shows ran in this session
+        for cell in notebook["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+        path.write_text(json.dumps(notebook))
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("lab-workspaces"))}
@@ -83,12 +96,33 @@ def lab(tmp_path_factory):
             time.sleep(0.5)
     else:
         raise RuntimeError("JupyterLab did not start")
-    yield base, token
+    _share_one_kernel(base, token)
+    yield base, token, served / "notebooks"
     proc.terminate()
     try:
         proc.wait(15)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def _api(base: str, token: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"token {token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _share_one_kernel(base: str, token: str) -> None:
+    """One kernel for all notebooks: torch, course_lib and the warm server load once, not 8 times.
+
+    Each notebook gets a session bound to that kernel before the browser opens it, so
+    JupyterLab connects to it instead of starting (and asking about) a new one.
+    """
+    kernel = _api(base, token, "/api/kernels", {"name": "python3"})
+    for name in NOTEBOOKS:
+        _api(base, token, "/api/sessions", {"path": f"notebooks/{name}", "type": "notebook",
+                                             "name": name, "kernel": {"id": kernel["id"]}})
 
 
 @pytest.fixture(scope="module")
@@ -101,62 +135,104 @@ def browser():
         chromium.close()
 
 
-def _widget_cell(name: str) -> int:
-    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
-    for i, cell in enumerate(cells):
-        if cell["cell_type"] == "code" and any(k in "".join(cell["source"]) for k in WIDGET_SOURCE):
-            return i
-    raise AssertionError(f"{name} has no widget cell")
+@pytest.fixture(scope="module")
+def page(lab, browser):
+    """One JupyterLab page for all notebooks: the app loads once; each test opens a notebook."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    yield page
+    page.close()
+
+
+def _open(page, base: str, token: str, name: str) -> None:
+    """Open ``name``: the first through its URL, the next ones from the file browser."""
+    if page.url.startswith(base):
+        page.locator(".jp-DirListing-itemText", has_text=name).first.dblclick()
+    else:
+        page.goto(f"{base}/lab/tree/notebooks/{name}?token={token}&reset", timeout=120_000)
+    page.locator(".lm-TabBar-tab.lm-mod-current", has_text=name[:12]).first.wait_for(timeout=120_000)
+
+
+def _widget_cell(path: Path) -> tuple[int, list[int]]:
+    """The first widget cell and the cells it needs, in notebook order."""
+    cells = json.loads(path.read_text())["cells"]
+    sources = ["".join(c["source"]) if c["cell_type"] == "code" else "" for c in cells]
+    for i, source in enumerate(sources):
+        if any(k in source for k in WIDGET_SOURCE):
+            return i, cells_needed(sources, i)
+    raise AssertionError(f"{path.name} has no widget cell")
 
 
 def _wait_idle(page, timeout_s: float) -> None:
     """Until no cell shows the busy prompt [*] and the kernel says idle."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        busy = page.locator(".jp-InputPrompt", has_text="[*]").count()
-        status = page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") \
-            if page.locator(".jp-Notebook-ExecutionIndicator").count() else "idle"
+        busy = page.locator(f"{PANEL} .jp-InputPrompt", has_text="[*]").count()
+        indicator = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator")
+        status = indicator.first.get_attribute("data-status") if indicator.count() else "idle"
         if busy == 0 and status in (None, "idle"):
             return
         time.sleep(0.5)
     raise AssertionError("cells still running after the time limit")
 
 
+def _dismiss_kernel_dialog(page) -> None:
+    select_kernel = page.get_by_role("button", name="Select", exact=True)
+    if select_kernel.count():
+        select_kernel.first.click()
+
+
+def _run_cell(page, cell) -> None:
+    """Select ``cell``, press Ctrl+Enter, and see it queued or run (its prompt was empty)."""
+    prompt = cell.locator(".jp-InputPrompt").first
+    for _ in range(3):
+        _dismiss_kernel_dialog(page)
+        cell.locator(".jp-InputArea-prompt").first.click()
+        page.keyboard.press("Control+Enter")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if re.fullmatch(r"\[(\*|\d+)\]:", prompt.inner_text().strip()):
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"cell did not start: its prompt shows {prompt.inner_text()!r}")
+
+
 def _view_of(output) -> str:
-    """What the widget shows: its output area's text and any image data."""
-    text = output.inner_text()
+    """What the widget shows: its output area's text (without progress lines) and image data."""
+    text = output.evaluate("e => { const c = e.cloneNode(true);"
+                           " c.querySelectorAll('.course-progress').forEach(p => p.remove());"
+                           " document.body.appendChild(c); const t = c.innerText; c.remove();"
+                           " return t; }")
     images = output.locator("img").evaluate_all("els => els.map(e => e.src.slice(-200))")
     return text + "|" + "|".join(images)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_open_notebook_run_to_the_widget_and_move_it(lab, browser, name):
-    base, token = lab
-    index = _widget_cell(name)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def test_open_notebook_run_to_the_widget_and_move_it(lab, page, name):
+    base, token, served = lab
+    index, needed = _widget_cell(served / name)  # the served copy: the repo may change meanwhile
+    start, phases = time.monotonic(), []
+
+    def phase(what: str) -> None:
+        phases.append(f"{what} {time.monotonic() - start:.1f}s")
     try:
-        page.goto(f"{base}/lab/tree/notebooks/{name}?token={token}&reset", timeout=120_000)
-        cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
+        _open(page, base, token, name)
+        cells = page.locator(f"{PANEL} .jp-Cell")
         cells.first.wait_for(timeout=120_000)
-        select_kernel = page.get_by_role("button", name="Select", exact=True)
-        if select_kernel.count():  # a fresh server may ask once
-            select_kernel.first.click()
+        _dismiss_kernel_dialog(page)  # a fresh server may ask once
         news = page.get_by_role("button", name="No", exact=True)
         if news.count():  # "Would you like to get notified about official Jupyter news?"
             news.first.click()
-        page.wait_for_function("document.querySelectorAll('.jp-Notebook-ExecutionIndicator,"
-                               " .jp-Toolbar-kernelStatus').length > 0", timeout=60_000)
-        # run every cell up to and including the widget cell
+        page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator").first.wait_for(timeout=60_000)
+        phase("opened")
+        _wait_idle(page, 120)  # the kernel is connected: no key press gets lost
+        phase("kernel idle")
+        # run the cells the widget cell needs, then the widget cell, each queued in the kernel
         target = cells.nth(index)
-        target.locator(".jp-InputArea-prompt").first.click()
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Above Selected Cell").click()
+        for i in needed + [index]:
+            _run_cell(page, cells.nth(i))
         time.sleep(1)
         _wait_idle(page, 240)
-        target.locator(".jp-InputArea-prompt").first.click()
-        page.keyboard.press("Control+Enter")
-        time.sleep(1)
-        _wait_idle(page, 240)
+        phase(f"{len(needed) + 1} cells run")
         widget = target.locator(".jupyter-widgets").first
         widget.wait_for(timeout=60_000)
         before = _view_of(target.locator(".jp-OutputArea").first)
@@ -182,14 +258,16 @@ def test_open_notebook_run_to_the_widget_and_move_it(lab, browser, name):
             time.sleep(0.5)
             after = _view_of(target.locator(".jp-OutputArea").first)
         _wait_idle(page, 120)
+        phase("widget changed")
         page.screenshot(path=str(SHOTS / f"{name[:-6]}-after.png"))
         assert after != before, f"{name}: moving the widget changed nothing on screen"
-        errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"],'
-                              ' .jp-RenderedText[data-mime-type="application/vnd.jupyter.error"]')
+        errors = page.locator(f'{PANEL} .jp-OutputArea-output[data-mime-type="application/vnd.jupyter'
+                              f'.error"], {PANEL} .jp-RenderedText[data-mime-type="application/vnd.'
+                              'jupyter.error"]')
         assert errors.count() == 0, f"{name}: a cell shows an error: {errors.first.inner_text()[:500]}"
         prompt = target.locator(".jp-InputPrompt").first.inner_text()
         assert re.fullmatch(r"\[\d+\]:", prompt.strip()), f"{name}: the widget cell did not run"
     finally:
+        print(f"{name}: " + ", ".join(phases))  # where the seconds go (shown with -s or -rA)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / f"{name[:-6]}-last.png"), full_page=False)
-        page.close()
