@@ -39,6 +39,7 @@ for _module, _names in {
     # 04 model parallelism
     "tp_check": ["measure_tp", "measure_tp_model"],
     "pipeline_measure": ["measure_pipeline", "bubble_formula", "torch_pipeline"],
+    "megatron_tp": ["megatron_status", "compare_megatron", "megatron_layout"],
     # 05 communication and scaling
     "comm": ["CollectiveResult", "benchmark_collectives", "busbw_factor", "format_table",
              "memcopy_bandwidth"],

@@ -15,17 +15,24 @@ from course_lib.plots import DPI, FIGSIZE
 
 __all__ = ["plot_pipeline_gantt", "plot_stash", "plot_tp_bytes"]
 
-_F, _B, _IDLE = "#4c72b0", "#dd8452", "#e6e6e6"
+_F, _B, _IDLE, _XFER = "#4c72b0", "#dd8452", "#e6e6e6", "#c44e52"
 
 
 def plot_pipeline_gantt(report, title: str | None = None) -> Figure:
     """One row per rank: forward (blue) and backward (orange) bars labelled with the
-    micro-batch, on grey idle time — drawn from the events the ranks recorded."""
+    micro-batch, transfer (red: the input was sent but had not arrived) on grey bubble (nothing
+    to do) — drawn from the events the ranks recorded."""
+    from course_lib.pipeline_measure import ready_times
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     span_ms = report.span * 1e3
+    ready = ready_times(report.traces)
     for trace in report.traces:
         y = trace.rank
         ax.barh(y, span_ms, left=0, height=0.8, color=_IDLE)
+        for kind, i, start, end in trace.waits:
+            sent = max(start, ready[(trace.rank, kind, i)])
+            if end > sent:
+                ax.barh(y, (end - sent) * 1e3, left=sent * 1e3, height=0.8, color=_XFER)
         for kind, i, start, end in trace.events:
             ax.barh(y, (end - start) * 1e3, left=start * 1e3, height=0.8,
                     color=_F if kind == "F" else _B, edgecolor="white", linewidth=0.5)
@@ -39,8 +46,8 @@ def plot_pipeline_gantt(report, title: str | None = None) -> Figure:
     ax.set_title(title or f"{report.schedule}, p={report.p}, m={report.m}: bubble measured "
                  f"{report.bubble:.2f}, formula {report.formula:.2f}", fontsize=10)
     ax.legend(handles=[Patch(color=_F, label="forward"), Patch(color=_B, label="backward"),
-                       Patch(color=_IDLE, label="idle")], fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.0, 1.0))
+                       Patch(color=_XFER, label="transfer"), Patch(color=_IDLE, label="bubble")],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 

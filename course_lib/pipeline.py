@@ -11,10 +11,12 @@ owns the embeddings, the last one ``ln_f``, ``lm_head`` and the loss. A batch is
 
 Both leave stages idle while the pipeline fills and drains: the **bubble**, a fraction
 ``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same. :func:`run_schedule` records
-when each forward/backward ran (``time.perf_counter``) and how many bytes of activations were
-stashed, so chapter 4 can measure both instead of quoting them.
+when each forward/backward ran and each blocking receive waited (``time.perf_counter``, plus
+the CPU time of each operation) and how many bytes of activations were stashed, so chapter 4
+can measure both instead of quoting them.
 Sends use ``dist.isend`` (a stage never waits for its neighbour to be ready to receive — that
-would deadlock 1F1B); receives block, and that waiting is the bubble.
+would deadlock 1F1B); receives block. :mod:`course_lib.pipeline_measure` splits that waiting
+into bubble (the input did not exist yet) and transfer (it was sent, not yet received).
 """
 from __future__ import annotations
 
@@ -97,6 +99,8 @@ class StageTrace:
 
     rank: int
     events: list = field(default_factory=list)
+    waits: list = field(default_factory=list)   # (kind, micro-batch, start, end) blocked in recv
+    cpu: list = field(default_factory=list)     # CPU seconds of each event (thread_time)
     stash_peak_count: int = 0        # micro-batches whose activations were held at once, at most
     stash_peak_bytes: int = 0        # bytes of saved activations at that moment (measured)
     loss: float | None = None        # mean loss over micro-batches (last stage only)
@@ -133,15 +137,18 @@ def run_schedule(stage: Stage, schedule: str, micro_inputs: list, micro_targets:
                 x = micro_inputs[i]
             else:
                 x = torch.empty(act_shape)
+                start = time.perf_counter()
                 dist.recv(x, src=rank - 1)           # waiting here is idle time
+                trace.waits.append(("F", i, start, time.perf_counter()))
                 x.requires_grad_()
             saved: dict = {}
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             with _saved_bytes(stage, saved):
                 y = stage(x)
                 if stage.last:
                     y = GPT.loss(y, micro_targets[i]) / m
             trace.events.append(("F", i, start, time.perf_counter()))
+            trace.cpu.append(time.thread_time() - cpu)
             if stage.last:
                 losses.append(y.item())
             else:
@@ -154,10 +161,13 @@ def run_schedule(stage: Stage, schedule: str, micro_inputs: list, micro_targets:
             grad = None
             if not stage.last:
                 grad = torch.empty(act_shape)
+                start = time.perf_counter()
                 dist.recv(grad, src=rank + 1)
-            start = time.perf_counter()
+                trace.waits.append(("B", i, start, time.perf_counter()))
+            start, cpu = time.perf_counter(), time.thread_time()
             torch.autograd.backward(y, grad)
             trace.events.append(("B", i, start, time.perf_counter()))
+            trace.cpu.append(time.thread_time() - cpu)
             if not stage.first:
                 sends.append((dist.isend(x.grad, dst=rank - 1), x))
     for work, _ in sends:

@@ -2,7 +2,9 @@
 
 * :func:`measure_pipeline` runs the hand-written schedules of :mod:`course_lib.pipeline` on ``p``
   processes (one thread each, so stages do not fight over cores) and turns the recorded events
-  into a :class:`PipelineReport`: the measured bubble fraction next to ``(p-1)/(m+p-1)``.
+  into a :class:`PipelineReport`: each rank's time split into compute, transfer (a message
+  already sent, not yet received) and bubble (nothing to do: input not produced yet, or done),
+  the measured bubble fraction next to ``(p-1)/(m+p-1)``.
 * :func:`torch_pipeline` runs the same split with ``torch.distributed.pipelining``
   (``PipelineStage`` + ``ScheduleGPipe``/``Schedule1F1B``); :func:`dense_reference` is the
   unsplit model on the whole batch. The tests hold all three against each other.
@@ -18,12 +20,13 @@ from course_lib.data import get_batch
 from course_lib.models import GPT, GPTConfig, get_config
 from course_lib.pipeline import Stage, StageTrace, check_pipeline, run_schedule
 
-__all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "bubble_formula", "measured_bubble",
+__all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
+           "measured_bubble", "ready_times",
            "pipeline_rank", "measure_pipeline", "torch_pipeline", "dense_reference"]
 
 #: Small model for correctness checks (4 blocks: p = 1, 2, 4 divide it).
 PP_CONFIG = GPTConfig(n_layer=4, n_head=2, d_model=32, seq_len=16)
-#: Model for timing: each micro-batch's forward takes milliseconds, far above a send/recv.
+#: Model for timing: a micro-batch's forward takes ~10 ms here, far above a send/recv (<1 ms).
 BUBBLE_CONFIG = GPTConfig(n_layer=4, n_head=4, d_model=256, seq_len=64)
 
 
@@ -32,41 +35,104 @@ def bubble_formula(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def measured_bubble(traces: list[StageTrace]) -> tuple[float, float, list[float]]:
-    """From recorded events: (bubble fraction, step span in s, busy seconds per rank).
+@dataclass
+class StepBudget:
+    """Where each rank's time went during one recorded step (seconds, from the events).
 
-    The span runs from the first event on any rank to the last; each rank is idle for
-    ``span - busy``; the bubble is the idle share of ``p · span``.
+    Every rank is accounted over the same ``span`` (first operation on any rank to the last):
+
+    * ``compute[r]`` — its forward and backward events;
+    * ``transfer[r]`` — time blocked in ``recv`` *after* the neighbour had finished producing
+      the tensor (the end of its forward/backward event): the message in flight, including the
+      time the operating system takes to wake the receiver — communication, not bubble;
+    * ``bubble[r]`` — the rest: it had no work because its input did not exist yet (the pipeline
+      filling), or it had finished (draining). This is what ``(p-1)/(m+p-1)`` predicts.
     """
+
+    span: float
+    compute: list
+    transfer: list
+    bubble: list
+
+    @property
+    def bubble_fraction(self) -> float:
+        return sum(self.bubble) / (len(self.bubble) * self.span)
+
+    @property
+    def transfer_fraction(self) -> float:
+        return sum(self.transfer) / (len(self.transfer) * self.span)
+
+
+def ready_times(traces: list[StageTrace]) -> dict:
+    """When each tensor a stage waits for came into existence: ``(rank, kind, i) -> time``.
+
+    Stage ``r`` waits for the activation of micro-batch ``i`` (before its ``F i``), produced by
+    the end of ``F i`` on stage ``r-1``, and for the gradient of ``B i``, produced by the end of
+    ``B i`` on stage ``r+1``.
+    """
+    ends = {(t.rank, k, i): b for t in traces for k, i, _, b in t.events}
+    return {(t.rank, k, i): ends[(t.rank - 1 if k == "F" else t.rank + 1, k, i)]
+            for t in traces for k, i, _, _ in t.waits}
+
+
+def measured_bubble(traces: list[StageTrace]) -> StepBudget:
+    """Split each rank's share of the step into compute, transfer and bubble (see StepBudget)."""
     start = min(e[2] for t in traces for e in t.events)
     end = max(e[3] for t in traces for e in t.events)
-    busy = [sum(e[3] - e[2] for e in t.events) for t in traces]
+    ready = ready_times(traces)
+    compute = [sum(b - a for _, _, a, b in t.events) for t in traces]
+    transfer = [sum(max(0.0, b - max(a, start, ready[(t.rank, k, i)])) for k, i, a, b in t.waits)
+                for t in traces]
     span = end - start
-    return 1 - sum(busy) / (len(traces) * span), span, busy
+    return StepBudget(span, compute, transfer, [span - c - x for c, x in zip(compute, transfer)])
 
 
 @dataclass
 class PipelineReport:
-    """A measured pipeline step; ``traces`` hold per-rank events relative to the step's start."""
+    """A measured pipeline step; ``traces`` hold per-rank events relative to the step's start.
+
+    ``bubble`` and ``transfer`` are fractions of ``p · span`` (see :class:`StepBudget`);
+    ``bubbles`` lists the bubble of every recorded step (the report shows the median one).
+    """
 
     p: int
     m: int
     schedule: str
     traces: list
-    bubble: float
+    budget: StepBudget
     formula: float
-    span: float
-    busy: list
-    bubbles: list        # the bubble of every recorded step (the report shows the median one)
+    bubbles: list
+
+    @property
+    def bubble(self) -> float:
+        return self.budget.bubble_fraction
+
+    @property
+    def transfer(self) -> float:
+        return self.budget.transfer_fraction
+
+    @property
+    def span(self) -> float:
+        return self.budget.span
+
+    @property
+    def busy(self) -> list:
+        return self.budget.compute
 
     @property
     def loss(self) -> float:
         return self.traces[-1].loss
 
+    @property
+    def cpu_share(self) -> float:
+        """CPU seconds over wall seconds of the ranks' compute: below 1 when the machine is shared."""
+        return sum(sum(t.cpu) for t in self.traces) / sum(self.budget.compute)
+
     def summary(self) -> str:
         stash = ", ".join(f"{t.stash_peak_count} ({t.stash_peak_bytes / 2**10:.0f} KiB)" for t in self.traces)
         return (f"{self.schedule}, p={self.p}, m={self.m}: bubble measured {self.bubble:.3f} vs "
-                f"formula (p-1)/(m+p-1) = {self.formula:.3f}; peak stash per rank: {stash}")
+                f"formula (p-1)/(m+p-1) = {self.formula:.3f} (transfer {self.transfer:.3f}); "
+                f"peak stash per rank: {stash}")
 
 
 def _data(config: GPTConfig, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,14 +161,15 @@ def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: in
 
 
 def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
-                     config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 8, seed: int = 0,
-                     steps: int = 3, grads: bool = False, timeout: float = 120.0) -> PipelineReport:
+                     config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 4, seed: int = 0,
+                     steps: int = 7, grads: bool = False, timeout: float = 120.0) -> PipelineReport:
     """Run the hand-written ``schedule`` on ``p`` processes (one thread each) with ``m``
     micro-batches of ``micro_batch`` sequences; bad requests fail before any process starts.
 
-    After one warm-up step, ``steps`` steps are recorded; the report keeps the step whose
+    After one warm-up step, ``steps`` short steps are recorded; the report keeps the step whose
     bubble is the median (``bubbles`` lists all of them): one busy moment on a shared machine
-    then does not decide the result.
+    then does not decide the result. The bubble counts idle time only, not messages in flight
+    (:class:`StepBudget`).
     """
     from course_lib.launch import run
     config = get_config(config)
@@ -115,14 +182,15 @@ def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
                    timeout=timeout, threads=1)
     per_step = [[rank_traces[k] for rank_traces in per_rank] for k in range(steps)]
     measured = [measured_bubble(traces) for traces in per_step]
-    order = sorted(range(steps), key=lambda k: measured[k][0])
+    order = sorted(range(steps), key=lambda k: measured[k].bubble_fraction)
     pick = order[len(order) // 2] if not grads else steps - 1
-    traces, (bubble, span, busy) = per_step[pick], measured[pick]
+    traces = per_step[pick]
     start = min(e[2] for t in traces for e in t.events)
-    for t in traces:
+    for t in traces:      # times relative to the step's first operation
         t.events = [(k, i, a - start, b - start) for k, i, a, b in t.events]
-    return PipelineReport(p, m, schedule, traces, bubble, bubble_formula(p, m), span, busy,
-                          [b for b, _, _ in measured])
+        t.waits = [(k, i, max(0.0, a - start), b - start) for k, i, a, b in t.waits]
+    return PipelineReport(p, m, schedule, traces, measured_bubble(traces), bubble_formula(p, m),
+                          [b.bubble_fraction for b in measured])
 
 
 def dense_reference(config: GPTConfig | str, batch: int, seed: int = 0) -> tuple[float, dict]:

@@ -6,9 +6,12 @@ runs forward + backward densely (the reference), then the hand-written :class:`T
 DTensor version, and returns this rank's output, input gradient, its gradient shards beside the
 matching slices of the dense gradients, its parameter bytes and the bytes it all-reduced.
 :func:`measure_tp` validates the request before any process starts and collects the ranks.
+:func:`dense_block_run` and :func:`tp_report` are the shared reference machinery: the
+Megatron-core block of :mod:`course_lib.megatron_tp` is held against the same dense run.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +21,8 @@ from course_lib.models import Block, GPTConfig, get_config
 from course_lib.tensor_parallel import (byte_counting_mode, CommLog, TPBlock, check_tp_degree,
                                         dtensor_block, expected_block_bytes, param_bytes, qkv_rows)
 
-__all__ = ["TPReport", "tp_block_rank", "measure_tp", "TP_CONFIG", "TPModelReport", "tp_gpt_rank",
+__all__ = ["TPReport", "DenseBlockRun", "dense_block_run", "tp_report", "hand_or_dtensor_report",
+           "tp_block_rank", "measure_tp", "TP_CONFIG", "TPModelReport", "tp_gpt_rank",
            "measure_tp_model"]
 
 #: The default block for chapter 4's tensor-parallel runs (4 heads: t = 1, 2, 4 all divide).
@@ -64,9 +68,21 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
-def tp_block_rank(config: GPTConfig, impl: str = "hand", batch: int = 2, seed: int = 0) -> TPReport:
-    """Run on every rank: dense reference, then the ``impl`` tensor-parallel block; compare."""
-    rank, t = dist.get_rank(), dist.get_world_size()
+@dataclass
+class DenseBlockRun:
+    """The reference every implementation is held against: the dense block, its input and
+    target, and its output and input gradient after ``((out - target)**2).mean().backward()``."""
+
+    config: GPTConfig
+    dense: Block
+    x: torch.Tensor
+    target: torch.Tensor
+    output: torch.Tensor
+    input_grad: torch.Tensor
+
+
+def dense_block_run(config: GPTConfig, batch: int = 2, seed: int = 0) -> DenseBlockRun:
+    """Build the dense block from ``seed`` and run forward + backward (same on every rank)."""
     torch.manual_seed(seed)
     dense = Block(config)
     x = torch.randn(batch, config.seq_len, config.d_model, generator=torch.Generator().manual_seed(seed + 1))
@@ -74,32 +90,55 @@ def tp_block_rank(config: GPTConfig, impl: str = "hand", batch: int = 2, seed: i
     xd = x.clone().requires_grad_()
     out_d = dense(xd)
     ((out_d - target) ** 2).mean().backward()
+    return DenseBlockRun(config, dense, x, target, out_d.detach(), xd.grad.clone())
 
-    xt = x.clone().requires_grad_()
-    if impl == "hand":
-        log = CommLog()
-        block = TPBlock(dense, config, rank, t, log=log)
+
+def tp_report(ref: DenseBlockRun, impl: str, block: torch.nn.Module, log: CommLog | None,
+              names: dict | None = None) -> TPReport:
+    """Run ``block`` forward + the same loss's backward on this rank and compare with ``ref``.
+
+    ``log`` is a :class:`CommLog` the block fills itself, or ``None``: the collectives are then
+    counted by :func:`byte_counting_mode`; ``names`` renames parameters to the dense block's.
+    """
+    rank, t = dist.get_rank(), dist.get_world_size()
+    xt = ref.x.clone().requires_grad_()
+    mode = byte_counting_mode() if log is None else None
+    with mode or contextlib.nullcontext():
         out = block(xt)
-        ((out - target) ** 2).mean().backward()
-        local = {n: p.grad for n, p in block.named_parameters()}
-        local["attn.proj.bias"], local["mlp.proj.bias"] = local.pop("attn.proj_bias"), local.pop("mlp.proj_bias")
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        block = dtensor_block(dense, config, init_device_mesh("cpu", (t,)))
-        with byte_counting_mode() as mode:
-            out = block(xt)
-            out = out.wait() if hasattr(out, "wait") else out   # an AsyncCollectiveTensor
+        out = out.wait() if hasattr(out, "wait") else out   # an AsyncCollectiveTensor
+        if mode is not None:
             mode.phase = "backward"
-            ((out - target) ** 2).mean().backward()
-        log = mode.log
-        local = {n: _local(p.grad) for n, p in block.named_parameters()}
-    expected = _dense_slices(dense, config, rank, t)
+        ((out - ref.target) ** 2).mean().backward()
+    log = log if mode is None else mode.log
+    names = names or {}
+    local = {names.get(n, n): _local(p.grad) for n, p in block.named_parameters()}
+    expected = _dense_slices(ref.dense, ref.config, rank, t)
     grads = {n: (local[n].detach().clone(), expected[n].clone()) for n in expected}
-    return TPReport(rank, t, impl, out.detach().clone(), out_d.detach(), xt.grad.clone(), xd.grad.clone(),
-                    grads, param_bytes(block), sum(p.numel() * p.element_size() for p in dense.parameters()),
+    batch, seq, h = ref.x.shape
+    return TPReport(rank, t, impl, out.detach().clone(), ref.output, xt.grad.clone(), ref.input_grad,
+                    grads, param_bytes(block),
+                    sum(p.numel() * p.element_size() for p in ref.dense.parameters()),
                     {p: log.total(p) for p in ("forward", "backward")},
                     {p: log.count(p) for p in ("forward", "backward")},
-                    expected_block_bytes(batch, config.seq_len, config.d_model))
+                    expected_block_bytes(batch, seq, h))
+
+
+def tp_block_rank(config: GPTConfig, impl: str = "hand", batch: int = 2, seed: int = 0) -> TPReport:
+    """Run on every rank: dense reference, then the ``impl`` tensor-parallel block; compare."""
+    return hand_or_dtensor_report(dense_block_run(config, batch, seed), impl)
+
+
+def hand_or_dtensor_report(ref: DenseBlockRun, impl: str) -> TPReport:
+    """This rank's :class:`TPReport` for the hand-written (``"hand"``) or DTensor block."""
+    rank, t = dist.get_rank(), dist.get_world_size()
+    if impl == "hand":
+        log = CommLog()
+        block = TPBlock(ref.dense, ref.config, rank, t, log=log)
+        names = {"attn.proj_bias": "attn.proj.bias", "mlp.proj_bias": "mlp.proj.bias"}
+        return tp_report(ref, impl, block, log, names)
+    from torch.distributed.device_mesh import init_device_mesh
+    block = dtensor_block(ref.dense, ref.config, init_device_mesh("cpu", (t,)))
+    return tp_report(ref, impl, block, None)
 
 
 def measure_tp(t: int = 2, impl: str = "hand", config: GPTConfig | str = TP_CONFIG, batch: int = 2,

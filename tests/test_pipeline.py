@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from course_lib.model_parallel_widgets import pipeline_explorer
-from course_lib.pipeline import check_pipeline, schedule_ops
+from course_lib.pipeline import StageTrace, check_pipeline, schedule_ops
 from course_lib.pipeline_measure import (PP_CONFIG, bubble_formula, dense_reference,
-                                         measure_pipeline, torch_pipeline)
+                                         measure_pipeline, measured_bubble, torch_pipeline)
 
 M, MICRO = 4, 2
 # fp32, micro-batch gradients accumulated in a different order than the full batch's single
@@ -72,20 +72,39 @@ def test_1f1b_stashes_fewer_bytes_than_gpipe():
         assert o.stash_peak_bytes == pytest.approx(per_micro * (p - g.rank), rel=0.01)
 
 
+def test_time_budget_splits_compute_transfer_bubble():
+    """Hand-made events (p=2, m=1): compute, transfer (after the sender finished) and bubble."""
+    rank0 = StageTrace(0, events=[("F", 0, 0.0, 1.0), ("B", 0, 4.5, 6.5)], waits=[("B", 0, 1.0, 4.5)])
+    rank1 = StageTrace(1, events=[("F", 0, 1.2, 2.2), ("B", 0, 2.2, 4.2)], waits=[("F", 0, -0.5, 1.2)])
+    budget = measured_bubble([rank0, rank1])
+    assert budget.span == 6.5 and budget.compute == [3.0, 3.0]
+    assert budget.transfer == pytest.approx([0.3, 0.2])   # B0 sent at 4.2, F0 at 1.0
+    assert budget.bubble == pytest.approx([3.2, 3.3])
+    assert budget.bubble_fraction == pytest.approx(6.5 / 13)
+    assert budget.transfer_fraction == pytest.approx(0.5 / 13)
+
+
 def test_measured_bubble_close_to_formula():
-    """Default configuration (p=2, m=4, GPipe): bubble from the ranks' recorded events near
-    (p-1)/(m+p-1) = 0.2. Measured here 0.21-0.30: each send/recv hop's wake-up latency counts as
-    idle time, which the formula ignores. The issue's 25 % goal is not met reliably on a 2-core
-    CI machine yet, so this asserts 50 % (and that the bubble is not below the formula's 75 %);
-    one re-measure is allowed."""
+    """Default configuration (p=2, m=4, GPipe): the bubble from the ranks' recorded events —
+    time a rank had nothing to do because its input did not exist yet (or it had finished);
+    messages already sent but not yet received count apart, as transfer — within 25 % of
+    (p-1)/(m+p-1) = 0.2. A report is the median of 7 short steps recorded in one launch; on the
+    shared 2-core machine (load ~8) about 1 launch in 20 still fell outside (a neighbour paused
+    by the OS for most of the steps), so a second launch, at another moment, is allowed."""
     for attempt in range(2):
-        report = measure_pipeline()             # defaults: p=2, m=4, GPipe, 3 recorded steps
+        report = measure_pipeline()             # defaults: p=2, m=4, GPipe, 7 recorded steps
         assert report.formula == bubble_formula(2, 4) == 0.2
         assert len(report.traces) == 2 and all(len(t.events) == 8 for t in report.traces)
-        if 0.75 * report.formula <= report.bubble <= 1.5 * report.formula:
+        assert [len(t.waits) for t in report.traces] == [4, 4]   # rank 0: backwards, rank 1: forwards
+        assert len(report.bubbles) == 7
+        budget = report.budget
+        for compute, transfer, bubble in zip(budget.compute, budget.transfer, budget.bubble):
+            assert compute > 0 and transfer >= 0 and bubble > 0
+            assert compute + transfer + bubble == pytest.approx(budget.span)
+        if 0.75 * report.formula <= report.bubble <= 1.25 * report.formula:
             return
-    pytest.fail(f"measured bubble {report.bubble:.3f} (steps: {report.bubbles}) is not within "
-                f"-25 %/+50 % of {report.formula:.3f}")
+    pytest.fail(f"measured bubble {report.bubble:.3f} (steps: {report.bubbles}) is not within 25 % "
+                f"of {report.formula:.3f}")
 
 
 @pytest.mark.parametrize("kwargs, message", [
