@@ -91,8 +91,10 @@ def test_a_raising_rank_names_itself_with_its_traceback_and_stops_the_others():
     with pytest.raises(RankError) as info:
         run(_fail_on_rank_two, 4, timeout=60, report=report)
     err = info.value
-    # rank 2 ended with status 1 after reporting; the others were killed (SIGKILL) in barrier
-    assert report.exit_statuses == [-signal.SIGKILL, -signal.SIGKILL, 1, -signal.SIGKILL]
+    # rank 2 ended with status 1 after reporting. The others were in barrier: killed (SIGKILL),
+    # unless gloo noticed rank 2's closed connection first and they failed on their own (1)
+    statuses = report.exit_statuses
+    assert statuses[2] == 1 and all(s in (-signal.SIGKILL, 1) for s in statuses), statuses
     assert err.rank == 2 and err.exc_type == "KeyError"
     assert "rank 2 of 4 failed with KeyError" in str(err)
     assert "in _fail_on_rank_two" in err.remote_traceback
