@@ -21,21 +21,20 @@ from __future__ import annotations
 
 import linecache
 import os
-import pickle
 import selectors
 import shutil
 import signal
-import struct
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 import cloudpickle
 
 from course_lib import devices, progress
+from course_lib._rank_pipes import Rank, drain, open_pipes, pump, wait_exit
 from course_lib._warm import WarmServer
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
@@ -73,65 +72,7 @@ def warm_up() -> None:
     _SERVERS.get()
 
 
-@dataclass
-class _Rank:
-    """The parent's handle on one rank: its pid, pipes and what it has said."""
-
-    rank: int
-    pid: int
-    fds: dict  # name -> read end: "out", "err", "result", "exit"
-    partial: dict = field(default_factory=lambda: {"out": b"", "err": b"", "result": b""})
-    outcome: tuple | None = None
-    exitcode: int | None = None
-    stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
-
-    def kill(self) -> None:
-        if self.exitcode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _emit(line: bytes, rank: int, stream: TextIO) -> None:
-    # "[rank r] ..." as it arrives; in a watched notebook long logs fold (course_lib.progress)
-    progress.emit(line.decode("utf-8", "replace"), rank, stream)
-
-
-def _pump(state: _Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
-    """Read what a rank wrote; print complete stdout/stderr lines. False once the pipe closed."""
-    try:
-        data = os.read(fd, 1 << 16)
-    except BlockingIOError:
-        return True
-    except OSError:
-        data = b""
-    if name == "exit":
-        state.partial["exit"] = state.partial.get("exit", b"") + data
-        if not data:
-            raw = state.partial["exit"]
-            state.exitcode = struct.unpack("!q", raw)[0] if len(raw) == 8 else -signal.SIGKILL
-    elif name == "result":
-        state.partial["result"] += data
-        if not data:
-            raw = state.partial["result"]
-            state.outcome, state.stamps = pickle.loads(raw) if raw else (None, [])
-    else:
-        stream = sys.stdout if name == "out" else sys.stderr
-        if data:
-            *lines, state.partial[name] = (state.partial[name] + data).split(b"\n")
-        elif state.partial[name]:
-            lines, state.partial[name] = [state.partial[name]], b""
-        else:
-            lines = []
-        for line in lines:
-            _emit(line, state.rank, stream)
-    if not data:
-        sel.unregister(fd)
-    return bool(data)
-
-
-def _failure_of(state: _Rank, nprocs: int) -> RankError:
+def _failure_of(state: Rank, nprocs: int) -> RankError:
     if state.outcome and state.outcome[0] == "error":
         _, exc_type, message, tb = state.outcome
         return RankError(state.rank, nprocs, exc_type, message, tb)
@@ -216,7 +157,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     phases.append(("server ready", time.monotonic()))
     workdir = tempfile.mkdtemp(prefix="course_lib_run_")
     lifeline_r, lifeline_w = os.pipe()
-    ranks: list[_Rank] = []
+    ranks: list[Rank] = []
     sel = selectors.DefaultSelector()
     succeeded, pipes = False, []
     try:
@@ -233,7 +174,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
                     os.close(w)
         phases.append(("ranks forked", time.monotonic()))
         for rank, (pid, p) in enumerate(zip(pids, pipes)):
-            state = _Rank(rank, pid, {name: r for name, (r, _) in p.items()})
+            state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
             ranks.append(state)
             for name, fd in state.fds.items():
                 sel.register(fd, selectors.EVENT_READ, (state, name))
@@ -257,7 +198,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
             for state in ranks:
                 if state.outcome is None:
                     state.kill()
-            _drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
             if not succeeded:
                 for state in ranks:
                     state.kill()  # one that answered and still did not end
@@ -293,7 +234,7 @@ def _release(lifeline_w: int, nprocs: int) -> None:
         os.close(lifeline_w)
 
 
-def _supervise(ranks: list[_Rank], sel: selectors.BaseSelector, nprocs: int, deadline: float,
+def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, deadline: float,
                timeout: float) -> list:
     """Forward output and collect results until every rank answered, one failed, or time is up."""
     waiting = set(range(nprocs))
@@ -307,44 +248,18 @@ def _supervise(ranks: list[_Rank], sel: selectors.BaseSelector, nprocs: int, dea
                                    "slow)")
             for key, _ in sel.select(timeout=min(remaining, view.wait)):
                 state, name = key.data
-                if _pump(state, name, key.fd, sel):
+                if pump(state, name, key.fd, sel):
                     continue
                 if name == "result":
                     if state.outcome is None or state.outcome[0] == "error":
-                        _wait_exit(state, sel)
+                        wait_exit(state, sel)
                         raise _failure_of(state, nprocs)
                     waiting.discard(state.rank)
                     view.update(done=nprocs - len(waiting))
-                elif name == "exit" and state.rank in waiting and "result" not in _open(sel, state):
+                elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):
                     raise _failure_of(state, nprocs)
             view.tick()
         for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
             if key.data[1] in ("out", "err"):
-                _pump(key.data[0], key.data[1], key.fd, sel)
+                pump(key.data[0], key.data[1], key.fd, sel)
     return [cloudpickle.loads(state.outcome[1]) for state in ranks]
-
-
-def _open(sel: selectors.BaseSelector, state: _Rank) -> set:
-    return {name for name, fd in state.fds.items() if fd in sel.get_map()}
-
-
-def _wait_exit(state: _Rank, sel: selectors.BaseSelector, limit: float = 2.0) -> None:
-    """Give a rank that reported a failure a moment to exit, so its last output is shown."""
-    end = time.monotonic() + limit
-    while _open(sel, state) and time.monotonic() < end:
-        for key, _ in sel.select(timeout=0.05):
-            other, name = key.data
-            _pump(other, name, key.fd, sel)
-
-
-def _drain(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float,
-           wait_exit: bool = True) -> None:
-    """After the kill: print what ranks wrote last and (``wait_exit``) wait until the server
-    reaped each one and sent its exit status."""
-    def pending() -> bool:
-        return any(wait_exit or key.data[1] != "exit" for key in sel.get_map().values())
-
-    while pending() and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.1):
-            state, name = key.data
-            _pump(state, name, key.fd, sel)
