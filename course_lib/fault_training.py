@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from course_lib import progress
 from course_lib.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from course_lib.data import get_batch
 from course_lib.models import GPT, GPTConfig, get_config, param_count
@@ -142,6 +143,8 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
             dist.all_reduce(mean)
         losses.append((mean / world).item())
         done = step + 1
+        if rank == 0:
+            progress.report(done, steps)  # the notebook's live line (nothing elsewhere)
         if ckpt_dir and every and done % every == 0:
             hook = mine.get((done, "save"))
             save_checkpoint(ckpt_dir, done, model, optimizer, meta={"losses": losses, "seed": seed},

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from course_lib import progress
 from course_lib.distributed_memory import measure_distributed
 from course_lib.finetune_memory import measure_finetune
 from course_lib.models import GPTConfig, get_config, param_count
@@ -206,15 +207,20 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {FULL_STRATEGIES + ADAPTER_METHODS}, "
                          f"got {methods!r}")
-    for method in methods:
-        gpus = n_gpus if method in FULL_STRATEGIES else 1
-        with _gc_paused():
-            if probe and config.n_layer > _PROBE_LAYERS[method][1]:
-                per_gpu, source = _probed(cache, config, method, gpus, shape, r)
-            else:
-                per_gpu, source = _cached(cache, config, method, gpus, shape, r), "fake, full depth"
-        flops = (6 if method in FULL_STRATEGIES else 4) * n * a["tokens"]
-        gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
-        out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
-                                gpu_hours * a["usd_per_gpu_hour"], source))
+    # a live line in JupyterLab while the fake runs go on (silent elsewhere)
+    with progress.running(f"planning {n / 1e9:.2g}B params on fake tensors",
+                          total=len(methods), unit="methods") as live:
+        for method in methods:
+            gpus = n_gpus if method in FULL_STRATEGIES else 1
+            with _gc_paused():
+                if probe and config.n_layer > _PROBE_LAYERS[method][1]:
+                    per_gpu, source = _probed(cache, config, method, gpus, shape, r)
+                else:
+                    per_gpu = _cached(cache, config, method, gpus, shape, r)
+                    source = "fake, full depth"
+            flops = (6 if method in FULL_STRATEGIES else 4) * n * a["tokens"]
+            gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
+            out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
+                                    gpu_hours * a["usd_per_gpu_hour"], source))
+            live.advance()
     return out
