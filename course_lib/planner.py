@@ -208,7 +208,8 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
         raise ValueError(f"methods must be a non-empty subset of {FULL_STRATEGIES + ADAPTER_METHODS}, "
                          f"got {methods!r}")
     # a live line in JupyterLab while the fake runs go on (silent elsewhere)
-    with progress.running(f"planning {n / 1e9:.2g}B params on fake tensors",
+    with progress.running(f"planning {n / 1e9:.2f}B params on fake tensors" if n >= 1e8 else
+                          f"planning {n / 1e6:.2f}M params on fake tensors",
                           total=len(methods), unit="methods") as live:
         for method in methods:
             gpus = n_gpus if method in FULL_STRATEGIES else 1
