@@ -11,7 +11,9 @@ Write the config (chapter 08 prints one: ``course_lib.deepspeed_zero.deepspeed_c
 (on a CPU-only machine ``deepspeed`` starts one process per "GPU" all the same; on nodes listed
 in a hostfile add ``--hostfile hosts``). The ZeRO stage, micro-batch and gradient accumulation
 come from the JSON; the world size from the launcher. It also runs inside
-``course_lib.run(main, 2, [...])`` and alone (world size 1). Rank 0 prints the losses.
+``course_lib.run(main, 2, [...])`` and alone (world size 1). Rank 0 prints each step's loss;
+at the end every rank prints ``losses: [...]``, its own losses at full precision (the line
+chapter 08's test parses) — under torchrun as ``[rank r] losses: [...]``.
 """
 from __future__ import annotations
 
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> list[float]:
             print(f"step {step} loss {losses[-1]:.4f} (ZeRO stage "
                   f"{engine.zero_optimization_stage()}, world {world})", flush=True)
     dist.barrier()
+    print(f"losses: {losses}", flush=True)  # repr of each float: exact, machine-readable
     return losses
 
 
