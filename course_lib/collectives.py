@@ -40,9 +40,10 @@ _BARRIER_DELAY_S = 0.05
 class CollectiveDemo:
     """One collective on ``world`` ranks: each rank's tensor before and after (as lists).
 
-    For ``barrier``, ``before`` is each rank's sleep before the call and ``after`` the time it
-    left the barrier (seconds since all ranks started); ``left_together`` says whether every rank
-    left after the last one arrived.
+    For ``barrier``, ``before`` is ``[planned delay, arrival time]`` and ``after`` ``[leaving
+    time]`` per rank, the times read from the machine-wide monotonic clock (all ranks of ``run``
+    share one machine, so their clocks agree); ``left_together`` says whether every rank left
+    after the last one arrived.
     """
 
     name: str
@@ -54,7 +55,7 @@ class CollectiveDemo:
     def left_together(self) -> bool:
         if self.name != "barrier":
             raise AttributeError("left_together is only defined for the barrier")
-        last_arrival = max(b[0] for b in self.before)
+        last_arrival = max(b[1] for b in self.before)
         return all(a[0] >= last_arrival for a in self.after)
 
 
@@ -96,11 +97,11 @@ def _rank_demo(names: list[str]) -> dict[str, tuple[list[float], list[float]]]:
             after = mine.tolist()
         else:  # barrier: arrive at different times, leave together
             dist.barrier()                                 # line everybody up first
-            t0 = time.perf_counter()
             delay = rank * _BARRIER_DELAY_S
             time.sleep(delay)
+            arrived = time.monotonic()  # one clock for every process of this machine
             dist.barrier()
-            before, after = [delay], [time.perf_counter() - t0]
+            before, after = [delay, arrived], [time.monotonic()]
         out[name] = (before, after)
     return out
 

@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from course_lib.collectives import DEMO_COLLECTIVES, format_collectives, show_collectives
+from course_lib.collectives import (DEMO_COLLECTIVES, CollectiveDemo, format_collectives,
+                                    show_collectives)
 from course_lib.dp_plots import plot_collectives
 
 
@@ -45,6 +46,9 @@ def test_barrier_nobody_leaves_before_the_last_arrival(demos):
     d = demos["barrier"]
     assert d.left_together
     assert max(b[0] for b in d.before) > 0
+    # read from one clock: a rank that left before the last arrival would be caught
+    early = CollectiveDemo("barrier", 2, before=[[0.0, 1.0], [0.05, 2.0]], after=[[1.5], [2.0]])
+    assert not early.left_together
 
 
 def test_table_is_deterministic_text(demos):
