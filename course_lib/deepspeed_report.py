@@ -17,8 +17,28 @@ from course_lib.deepspeed_memory import (CATEGORIES, deepspeed_estimate, largest
 from course_lib.models import GPT, GPTConfig, get_config, param_count
 from course_lib.zero import param_shapes
 
-__all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown",
+__all__ = ["split_key_bias", "memory_rows", "memory_table", "estimate_table", "stage_breakdown",
            "deepspeed_widget", "check_fit_config", "fit_answer"]
+
+
+def split_key_bias(params: dict[str, torch.Tensor], config: GPTConfig | str = "tiny"
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(every parameter but the attention key biases, the key biases), each flattened.
+
+    The key bias (``attn.qkv.bias[d:2d]``) gets an exactly-zero gradient in exact arithmetic —
+    softmax ignores a constant added to a row of scores — so what reaches Adam is rounding noise
+    that Adam turns into updates of up to ~lr per step, different for every summation order.
+    Comparing DeepSpeed with DDP therefore needs two tolerances: one for these, one for the rest.
+    """
+    d = get_config(config).d_model if isinstance(config, str) else config.d_model
+    rest, keys = [], []
+    for name, value in params.items():
+        if name.endswith("attn.qkv.bias"):
+            keys.append(value[d:2 * d])
+            rest += [value[:d], value[2 * d:]]
+        else:
+            rest.append(value.flatten())
+    return torch.cat(rest), torch.cat(keys)
 
 
 def _largest(config: GPTConfig) -> int:

@@ -13,7 +13,8 @@ import torch
 
 from course_lib import zero
 from course_lib.deepspeed_memory import deepspeed_estimate, predict_deepspeed
-from course_lib.deepspeed_report import check_fit_config, estimate_table, fit_answer, memory_rows
+from course_lib.deepspeed_report import (check_fit_config, estimate_table, fit_answer, memory_rows,
+                                         split_key_bias)
 from course_lib.deepspeed_zero import (deepspeed_config, deepspeed_status, run_deepspeed,
                                        run_zero_stages)
 from course_lib.exercises import check_true
@@ -57,34 +58,16 @@ def result(launched):
     return {"engine": "deepspeed", "reason": "", "ranks": [r["tiny"] for r in launched]}
 
 
-def _key_bias(name: str) -> slice | None:
-    d = get_config("tiny").d_model
-    return slice(d, 2 * d) if name.endswith("attn.qkv.bias") else None
-
-
-def _split(params: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(every parameter but the attention key biases, the key biases), each flattened."""
-    rest, keys = [], []
-    for name, value in params.items():
-        cut = _key_bias(name)
-        if cut is None:
-            rest.append(value.flatten())
-        else:
-            keys.append(value[cut])
-            rest += [value[:cut.start], value[cut.stop:]]
-    return torch.cat(rest), torch.cat(keys)
-
-
 def test_every_stage_matches_ddp_after_k_steps(result):
     for rank, mine in enumerate(result["ranks"]):
-        ref_rest, ref_keys = _split(mine["ddp"]["params"])
+        ref_rest, ref_keys = split_key_bias(mine["ddp"]["params"])
         for stage in (0, 1, 2, 3):
             got = mine[stage]
             assert got["params"].keys() == mine["ddp"]["params"].keys()
             # losses: fp32 forward on identical weights and data; the gradients are summed in a
             # different order (DeepSpeed's flat buckets vs DDP's), ~1e-7 relative per step
             torch.testing.assert_close(got["losses"], mine["ddp"]["losses"], rtol=0, atol=1e-5)
-            rest, keys = _split(got["params"])
+            rest, keys = split_key_bias(got["params"])
             # Adam's update is g/sqrt(v) with |g| >> eps almost everywhere: summation-order
             # differences of ~1e-7 relative move 3 updates of lr=1e-3 by far less than 1e-5
             torch.testing.assert_close(rest, ref_rest, rtol=1e-5, atol=1e-5, msg=f"stage {stage}")
