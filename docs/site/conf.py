@@ -17,6 +17,7 @@ nb_merge_streams = True            # one block per cell, not one per print flush
 myst_heading_anchors = 3           # GitHub-style slugs, so README-style #anchors resolve
 myst_enable_extensions = []        # plain CommonMark + tables; no dollarmath, so no MathJax
 
+highlight_language = "none"        # a fence without a language stays plain (notebook cells: python)
 exclude_patterns = ["**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]  # notebooks may skip a heading level; harmless on a page
 
@@ -26,6 +27,7 @@ html_css_files = ["course.css"]
 html_copy_source = False           # the .ipynb files are the source; readers get Binder for those
 html_show_sourcelink = False
 html_show_sphinx = False
+html_show_copyright = False
 html_last_updated_fmt = None
 html_theme_options = {
     "navigation_with_keys": True,
