@@ -28,7 +28,8 @@ GITHUB = "https://github.com/o/r/blob/HEAD"
 
 
 def test_binder_base_and_github_come_from_the_readme_badge():
-    readme = "x\n[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/o/r/HEAD?urlpath=lab/tree/notebooks/00_a.ipynb)\n"
+    readme = ("x\n[![Binder](https://mybinder.org/badge_logo.svg)]"
+              "(https://mybinder.org/v2/gh/o/r/HEAD?urlpath=lab/tree/notebooks/00_a.ipynb)\n")
     assert stage.binder_base(readme) == BINDER
     assert stage.github_base(BINDER) == GITHUB
     with pytest.raises(SystemExit, match="no Binder badge"):
