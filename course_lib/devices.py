@@ -12,6 +12,7 @@ single process starts. The rules (chapter 00 explains them):
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -24,11 +25,35 @@ DEVICES = ("cpu", "cuda")
 
 
 def cpu_count() -> int:
-    """Cores this process may run on (respects affinity masks and containers)."""
+    """Cores this process may run on: its affinity mask, capped by a container's CPU quota.
+
+    A Binder or Kubernetes pod limited to 2 CPUs on a 64-core host sees 64 cores in its affinity
+    mask; sizing threads by that would run 32 threads per rank on 2 CPUs' worth of time.
+    """
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs allowed by the cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), or None if unlimited."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
 
 def gpu_count() -> int:

@@ -102,7 +102,7 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
                 budget_bytes: float | None = None) -> Figure:
     """Three panels for one measured DDP run: memory per rank, step time, bytes sent per rank."""
     ranks = [r.rank for r in reports]
-    fig, axes = plt.subplots(1, 3, figsize=(9.0, 2.8), dpi=DPI)
+    fig, axes = plt.subplots(1, 3, figsize=(9.0, 3.1), dpi=DPI)
     mib = 2**20
     axes[0].bar(ranks, [r.model_states / mib for r in reports], color=COLORS["optimizer"],
                 label="model states")
@@ -112,7 +112,8 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
     if budget_bytes:
         axes[0].axhline(budget_bytes / mib, color="red", ls="--", lw=1, label="device budget")
     axes[0].set_title("peak memory per rank (MiB)", fontsize=9)
-    axes[0].legend(fontsize=7)
+    below = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    axes[0].legend(**below)  # under the panel: a legend inside would hide bars
     axes[1].bar(ranks, [r.step_ms for r in reports], color=COLORS["params"])
     axes[1].set_title("step time per rank (ms)", fontsize=9)
     sent = [(r.sent_bytes or 0) / mib for r in reports]
@@ -121,7 +122,7 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
         axes[2].axhline(expected_sent / mib, color="black", ls="--", lw=1,
                         label="2(N-1)/N · 4Ψ")
     axes[2].set_title("bytes sent per rank per step (MiB)", fontsize=9)
-    axes[2].legend(fontsize=7)
+    axes[2].legend(**below)
     for ax in axes:
         ax.set_xlabel("rank", fontsize=8)
         ax.set_xticks(ranks)

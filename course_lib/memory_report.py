@@ -90,8 +90,9 @@ class MemoryReport(Mapping):
         for key, nbytes in self.bytes.items():
             line = f"{key:<13}{nbytes:>16,}{format_bytes(nbytes):>12}{self.per_param(key):>9.2f}"
             if predicted is not None and key in predicted:
-                ratio = nbytes / predicted[key] if predicted[key] else float("nan")
-                line += f"{predicted[key]:>16,}{ratio:>8.3f}"
+                want = predicted[key]  # "-": nothing predicted and nothing measured (no nan)
+                ratio = f"{nbytes / want:>8.3f}" if want else f"{'-' if nbytes == 0 else 'n/a':>8}"
+                line += f"{want:>16,}{ratio}"
             lines.append(line)
         setup = ", ".join(f"{k}={v}" for k, v in self.info.items() if k in _SHOWN_INFO)
         return f"MemoryReport({self.n_params:,} params; {setup})\n" + "\n".join(lines)

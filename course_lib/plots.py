@@ -7,6 +7,7 @@ it once. Chapter 1 (``01_training_memory``): :func:`plot_stacked`, :func:`plot_m
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -105,7 +106,7 @@ def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Se
     for ax, (name, (xs, measured, predicted)) in zip(axes[0], series.items()):
         ax.plot(xs, [p / scale for p in predicted], "-", color=COLORS["activations"], label="predicted")
         ax.plot(xs, [m / scale for m in measured], "o", color="black", label="measured")
-        ax.set_xlabel(name)
+        ax.set_xlabel(textwrap.fill(name, 20))  # long labels on two lines: no overlap
     axes[0][0].set_ylabel(unit)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)

@@ -153,17 +153,40 @@ def test_tolerance_check_can_fail():
     assert not within_tolerance([0.5, -0.4, 0.45])          # median 45 % > 35 %
 
 
-def test_fit_reproduces_measured_times_within_stated_tolerance():
-    """Measured here, fitted here; one re-measurement allowed (the CI machine is shared)."""
-    for attempt in range(2):
-        rows = measure_all_reduce(worlds=(2,), sizes=(2**12, 2**15, 2**18, 2**21, 2**23),
-                                  repeats=3)
-        fit = fit_per_world(rows)[2]
-        errors = fit_errors(fit, points_of(rows))
-        if within_tolerance(errors, FIT_TOLERANCE):
-            break
-    assert within_tolerance(errors, FIT_TOLERANCE), (str(fit), errors)
-    assert fit.alpha > 0 and fit.beta > 0
+def test_fit_of_exact_synthetic_rows_reproduces_them_and_the_tolerance_catches_a_bad_point():
+    """The measured path (rows -> points -> fit per world -> errors) on exact synthetic rows.
+
+    How well a fit matches *measured* times depends on the machine's load: that figure is printed
+    by ``benchmarks/bench_collectives.py``, never asserted here.
+    """
+    alpha, beta = 40e-6, 1 / 1.5e9
+    sizes = (2**12, 2**15, 2**18, 2**21, 2**23)
+    rows = [CollectiveResult("all_reduce", p, n, ring_allreduce_time(n, p, alpha, beta), 3, "gloo")
+            for p in (2, 4) for n in sizes]
+    rows.append(CollectiveResult("broadcast", 2, 2**12, 1.0, 3, "gloo"))  # not an all-reduce
+    fits = fit_per_world(rows)
+    assert sorted(fits) == [2, 4]
+    for p, fit in fits.items():
+        assert fit.alpha == pytest.approx(alpha, rel=1e-6)
+        assert fit.beta == pytest.approx(beta, rel=1e-6)
+        errors = fit_errors(fit, [pt for pt in points_of(rows) if pt[0] == p])
+        assert len(errors) == len(sizes) and max(map(abs, errors)) < 1e-6
+        assert within_tolerance(errors, FIT_TOLERANCE)
+        # one point 3x slower than the model (a stall) must fail the stated tolerance
+        assert not within_tolerance(errors[:-1] + [1 / 3 - 1], FIT_TOLERANCE)
+
+
+def test_measured_all_reduce_rows_feed_the_fit():
+    """A real measurement goes through the same path; only load-proof properties are checked."""
+    sizes = (2**12, 2**16)
+    rows = measure_all_reduce(worlds=(2,), sizes=sizes, repeats=1)
+    assert [(r.collective, r.world, r.size_bytes) for r in rows] == [
+        ("all_reduce", 2, n) for n in sizes]
+    assert all(r.seconds > 0 for r in rows)
+    fit = fit_per_world(rows)[2]
+    assert fit.alpha >= 0 and fit.beta >= 0 and fit.alpha + fit.beta > 0
+    errors = fit_errors(fit, points_of(rows))
+    assert errors == [fit.all_reduce(n, 2) / r.seconds - 1 for n, r in zip(sizes, rows)]
 
 
 # ---- what-if -------------------------------------------------------------------------------

@@ -39,3 +39,29 @@ def test_describe_reports_the_environment():
     info = devices.describe()
     assert info["cpu_cores"] == devices.cpu_count() and info["gloo"] is True
     assert info["default_backend_4_ranks"] in ("gloo", "nccl")
+
+
+@pytest.mark.parametrize("files, quota", [
+    ({"cpu.max": "200000 100000\n"}, 2.0),                                  # cgroup v2, 2 CPUs
+    ({"cpu.max": "max 100000\n"}, None),                                    # v2, unlimited
+    ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.5),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),     # v1, none
+    ({}, None),                                                             # no cgroup files
+])
+def test_cgroup_cpu_quota_is_read_from_v1_and_v2_files(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert devices._cgroup_cpu_quota(str(tmp_path)) == quota
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
+def test_threads_fit_a_container_quota_smaller_than_the_affinity_mask(monkeypatch, nprocs):
+    """A pod limited to 1.5 CPUs on a 64-core host: ranks x threads stay within 2 cores."""
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(devices, "_cgroup_cpu_quota", lambda: 1.5)
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
+    assert devices.cpu_count() == 2
+    p = devices.plan(nprocs)
+    assert p.threads == max(1, 2 // nprocs)
+    assert nprocs * p.threads <= max(2, nprocs)  # one thread per rank once ranks outnumber cores

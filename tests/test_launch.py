@@ -89,7 +89,7 @@ def test_a_raising_rank_names_itself_with_its_traceback_and_stops_the_others():
     t0 = time.monotonic()
     report = RunReport()
     with pytest.raises(RankError) as info:
-        run(_fail_on_rank_two, 4, timeout=60, report=report)
+        run(_fail_on_rank_two, 4, timeout=600, report=report)
     err = info.value
     # rank 2 ended with status 1 after reporting. The others were in barrier: killed (SIGKILL),
     # unless gloo noticed rank 2's closed connection first and they failed on their own (1)
@@ -99,7 +99,7 @@ def test_a_raising_rank_names_itself_with_its_traceback_and_stops_the_others():
     assert "rank 2 of 4 failed with KeyError" in str(err)
     assert "in _fail_on_rank_two" in err.remote_traceback
     assert 'raise KeyError("the data shard is missing")' in err.remote_traceback
-    assert time.monotonic() - t0 < 30  # did not wait for the timeout
+    assert time.monotonic() - t0 < 300  # did not wait for the timeout (margin for load 8)
 
 
 def _die_hard():
@@ -117,14 +117,14 @@ def _hang_in_collective():
     if dist.get_rank() == 0:
         dist.barrier()  # rank 1 never joins
     else:
-        time.sleep(60)
+        time.sleep(600)
 
 
 def test_a_hung_collective_times_out_with_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"did not finish within 2 s; a collective may be waiting"):
         run(_hang_in_collective, 2, timeout=2)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 300  # stopped, not waited for the 600 s sleep
 
 
 def _print_things():
@@ -202,7 +202,7 @@ def test_two_concurrent_launches_do_not_collide():
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               text=True, cwd=os.path.dirname(__file__)) for _ in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs = [p.communicate(timeout=600)[0] for p in procs]  # two fresh imports of torch: >120 s at load 8+
     assert [p.returncode for p in procs] == [0, 0] and all("ok" in o for o in outs)
 
 
