@@ -26,6 +26,7 @@ from course_lib import RankError, run
 from course_lib.checkpoint import (CheckpointError, checkpoint_name, checkpoint_status,
                                    latest_checkpoint, load_checkpoint, verify_checkpoint)
 from course_lib.checkpoint_safe import SafeLoadPlanner
+from course_lib.deepspeed_report import split_key_bias
 from course_lib.fault_training import Fault, build, train
 from course_lib.models import get_config, param_count
 
@@ -213,9 +214,13 @@ def test_reshard_save_at_2_load_at_4_and_1_and_keep_training(tmp_path, good_ckpt
         after[world] = run(train, world, "tiny", 3, ckpt_dir=tmp_path / f"w{world}", every=2,
                            batch_size=4 // world)[0]
         assert after[world]["resumed_from"] == 2
+    ref_rest, ref_keys = split_key_bias(after[2]["params"])
     for world in (4, 1):
         torch.testing.assert_close(after[world]["losses"], after[2]["losses"], rtol=1e-5, atol=0)
-        torch.testing.assert_close(after[world]["params"], after[2]["params"])
+        rest, keys = split_key_bias(after[world]["params"])
+        torch.testing.assert_close(rest, ref_rest)
+        # key biases: zero gradient in exact arithmetic, Adam amplifies the rounding noise
+        torch.testing.assert_close(keys, ref_keys, rtol=0, atol=2e-3)  # steps * lr
 
 
 def _load_tiny_then_small(path):
