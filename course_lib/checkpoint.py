@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -52,7 +51,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from course_lib.checkpoint_safe import SafeLoadPlanner, SafeReader, read_metadata
+from course_lib.checkpoint_safe import (SafeLoadPlanner, SafeReader, UnsafeCheckpointError,
+                                        read_metadata)
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
@@ -262,8 +262,11 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     try:
         with open(path / ".metadata", "rb") as f:
             read_metadata(f)  # refuse before DCP (which reads it again, the same safe way)
-    except (pickle.UnpicklingError, EOFError, OSError) as exc:
+    except UnsafeCheckpointError as exc:
         raise CheckpointError(f"{path.name}: {exc}") from None
+    except Exception as exc:  # a garbage pickle can raise almost anything
+        raise CheckpointError(f"{path.name}: unreadable .metadata ({type(exc).__name__}: {exc})"
+                              ) from None
     model_sd, optim_sd = get_state_dict(model, optimizer)
     mine, saved = _shapes(model_sd), manifest["model_shapes"]
     for key in sorted(set(mine) | set(saved)):

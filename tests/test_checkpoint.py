@@ -178,6 +178,15 @@ def test_tampered_metadata_is_refused_without_running_its_code(tmp_path, good_ck
     assert not marker.exists(), "code from the checkpoint ran"
 
 
+def test_garbage_metadata_gives_clear_error(tmp_path, good_ckpt):
+    ckpt = tmp_path / "step_000002"
+    shutil.copytree(good_ckpt, ckpt)
+    _tamper(ckpt, ".metadata", b"\x80\x05garbage")
+    model, optimizer = build("tiny")
+    with pytest.raises(CheckpointError, match=r"step_000002: unreadable .metadata"):
+        load_checkpoint(ckpt, model, optimizer)
+
+
 def test_non_tensor_items_load_without_code(tmp_path):
     marker, buf = tmp_path / "code_ran", io.BytesIO()
     torch.save(_Payload(marker, pickle.dumps([1, 2])), buf)
