@@ -3,7 +3,7 @@
     python benchmarks/bench_widgets.py            # every widget, twice each
     python benchmarks/bench_widgets.py planner    # one by name
 
-A widget's default must answer in seconds on a 2-core laptop (DEVELOPERS.md). Each widget is
+A widget's default must answer in seconds on a 2-core laptop (the README's promise to a class). Each widget is
 built and its first answer computed exactly as its notebook cell does it (in the same order, so
 the warm server is already up, as it is in a notebook). Chapters whose widget reuses what the
 cell above measured (07's planner, 08's DeepSpeed table) are timed with that cell's run outside

@@ -8,7 +8,10 @@ its own shards with DCP (:mod:`torch.distributed.checkpoint`); a checkpoint of s
                         manifest.json                            (the commit marker, written last)
     root/latest                                                  ("step_00000s", a hint)
 
-DCP promises no atomicity, so the commit protocol is ours:
+DCP makes each of its own saves safe against a reader only in one respect: torch 2.13 writes
+``.metadata`` last (temp file, fsync, rename) after every rank's shards. It does not fsync the
+directory, remove stale files of an earlier attempt, store checksums, or record what else a
+checkpoint needs (step, RNG, loss history). So the commit protocol is ours:
 
 1. every rank writes into a fresh ``step_00000s.tmp`` directory;
 2. a barrier — every rank has finished writing (a rank that died never gets past it);
@@ -20,8 +23,16 @@ DCP promises no atomicity, so the commit protocol is ours:
 A crash anywhere before step 4 leaves a ``.tmp`` directory, which :func:`latest_checkpoint` never
 picks; it selects the highest *committed* directory whose manifest is valid and whose files are
 all present with the right sizes (a crash between the two renames of step 4 leaves ``latest``
-one checkpoint behind: the scan, not the hint, decides). Loading never unpickles code: tensors
-come back through DCP, per-rank state through ``torch.load(weights_only=True)``, the rest is JSON.
+one checkpoint behind: the scan, not the hint, decides).
+
+Loading reshards: a checkpoint saved by 2 ranks loads on 4 or on 1 (DCP reads each rank's slices
+of every tensor, whatever the sharding that wrote them). Per-rank RNG states do not reshard;
+they are restored only at the same world size and otherwise reseeded from (step, rank).
+
+Trust boundary: loading runs no code from the checkpoint directory. DCP's ``.metadata`` (a
+pickle) goes through a restricted unpickler, non-tensor items and per-rank state load with
+``torch.load(weights_only=True)``, the manifest is JSON (:mod:`course_lib.checkpoint_safe`).
+Checksums detect accidents, not an attacker who rewrites the manifest as well.
 """
 from __future__ import annotations
 
@@ -40,6 +51,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from course_lib.checkpoint_safe import (SafeLoadPlanner, SafeReader, UnsafeCheckpointError,
+                                        read_metadata)
+
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
 
@@ -49,7 +63,7 @@ _COMMITTED = re.compile(r"^step_(\d{6,})$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: incomplete, corrupted, or written for another model/world."""
+    """A checkpoint cannot be used: incomplete, corrupted, unsafe, or for another model."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -234,18 +248,25 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                     checksums: bool = True) -> dict:
-    """Load checkpoint ``path`` into ``model`` and ``optimizer`` (same sharding); collective.
+    """Load checkpoint ``path`` into ``model`` and ``optimizer``, resharding if needed; collective.
 
-    Restores this rank's RNG states and returns ``{"step": ..., "meta": {...}}``. Raises
-    :class:`CheckpointError` before touching the model when the checkpoint is incomplete,
-    corrupted, saved by another world size, or saved for a model of another shape.
+    Any world size loads any checkpoint (DCP reshards). This rank's RNG states are restored when
+    the world size is the one that saved, else reseeded from (step, rank). Returns ``{"step",
+    "meta", "saved_world", "rng": "restored" | "reseeded"}``. Raises :class:`CheckpointError`
+    before touching the model when the checkpoint is incomplete, corrupted, asks the unpickler for
+    anything but DCP's metadata classes, or was saved for a model of another shape.
     """
     path = Path(path)
     manifest = verify_checkpoint(path, checksums=checksums)
     rank, world = _rank_world()
-    if manifest["world_size"] != world:
-        raise CheckpointError(f"{path.name}: saved by {manifest['world_size']} ranks, loading "
-                              f"with {world}: per-rank RNG states cannot be matched")
+    try:
+        with open(path / ".metadata", "rb") as f:
+            read_metadata(f)  # refuse before DCP (which reads it again, the same safe way)
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(f"{path.name}: {exc}") from None
+    except Exception as exc:  # a garbage pickle can raise almost anything
+        raise CheckpointError(f"{path.name}: unreadable .metadata ({type(exc).__name__}: {exc})"
+                              ) from None
     model_sd, optim_sd = get_state_dict(model, optimizer)
     mine, saved = _shapes(model_sd), manifest["model_shapes"]
     for key in sorted(set(mine) | set(saved)):
@@ -257,13 +278,19 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         raise CheckpointError(f"{path.name}: foreign checkpoint: optimizer "
                               f"{manifest['optimizer']}, expected {type(optimizer).__name__}")
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
-    extra = torch.load(path / f"rank{rank}.pt", weights_only=True)
-    torch.set_rng_state(extra["torch_rng"])
-    random.setstate(_as_state(extra["python_rng"]))
-    return {"step": manifest["step"], "meta": manifest["meta"]}
+    if manifest["world_size"] == world:
+        extra = torch.load(path / f"rank{rank}.pt", weights_only=True)
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(_as_state(extra["python_rng"]))
+    else:  # 2 saved streams cannot become 4: a fresh, reproducible stream per rank
+        torch.manual_seed(manifest["step"] * 1_000_003 + rank)
+        random.seed(manifest["step"] * 1_000_003 + rank)
+    return {"step": manifest["step"], "meta": manifest["meta"],
+            "saved_world": manifest["world_size"],
+            "rng": "restored" if manifest["world_size"] == world else "reseeded"}
 
 
 def _as_state(value: Any) -> tuple:

@@ -9,12 +9,18 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from course_lib.checkpoint_interval import expected_waste, simulate_waste, young_daly_interval
 
 __all__ = ["plot_checkpoint_cost", "plot_waste"]
 
 _SIZE = dict(figsize=(7, 3.5), dpi=80)
+
+
+def _secs(seconds: float) -> str:
+    """A slider's seconds for a title: "50 s", "2.5 s" (a log slider gives 50.1187...)."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
 def plot_checkpoint_cost(rows: Sequence[Mapping]) -> Figure:
@@ -25,6 +31,11 @@ def plot_checkpoint_cost(rows: Sequence[Mapping]) -> Figure:
     ax.plot(mb, [r["load_s"] * 1e3 for r in rows], "s-", label="load (verify checksums + DCP)")
     ax.set(xscale="log", yscale="log", xlabel="checkpoint size (MB on disk)", ylabel="ms",
            title="Checkpoint cost on this machine")
+    ax.set_xticks(mb, [f"{m:.3g}\n{r['model']}" for m, r in zip(mb, rows)])  # one label per dot
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -45,7 +56,7 @@ def plot_waste(cost_s: float, mtbf_s: float, restart_s: float = 0.0, simulate: b
         ax.plot([t / 60 for t in pts], sims, "o", label="simulated job (random failures)")
     ax.axvline(best / 60, color="grey", ls="--", label=f"√(2CM) = {best / 60:.1f} min")
     ax.set(xscale="log", xlabel="checkpoint interval τ (minutes of work)", ylabel="time lost (%)",
-           title=f"C = {cost_s:g} s, M = {mtbf_s / 3600:.2f} h, R = {restart_s:g} s")
+           title=f"C = {_secs(cost_s)}, M = {mtbf_s / 3600:.2f} h, R = {_secs(restart_s)}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -110,7 +110,8 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
     """Train (resuming from ``ckpt_dir`` if it holds a checkpoint); return what happened.
 
     Returns ``{"losses": [...] (one per step, mean over ranks), "params": {name: tensor} (full
-    parameters on rank 0, ``{}`` elsewhere), "resumed_from": step or None, "attempt": n}``.
+    parameters on rank 0, ``{}`` elsewhere), "resumed_from": step or None, "attempt": n,
+    "rng": "restored" | "reseeded" | None}`` (``"reseeded"``: resumed on another world size).
     ``threads`` is fixed (1 by default) so runs under ``run`` and under torchrun do the same
     floating-point work and can be compared bit for bit.
     """
@@ -122,12 +123,12 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
     torch.set_num_threads(threads)
     cfg = get_config(config)
     model, optimizer = build(cfg, seed=seed, lr=lr)
-    start, losses, resumed = 0, [], None
+    start, losses, resumed, rng = 0, [], None, None
     latest = latest_checkpoint(ckpt_dir) if ckpt_dir and every else None
     if latest is not None:
         state = load_checkpoint(latest, model, optimizer)
         start = resumed = state["step"]
-        losses = list(state["meta"]["losses"])
+        losses, rng = list(state["meta"]["losses"]), state["rng"]
     for step in range(start, steps):
         for kind in ("kill", "raise"):
             if (step, kind) in mine:
@@ -151,7 +152,8 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
                             keep=keep, before_commit=(lambda f=hook: _die(f)) if hook else None)
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                   cpu_offload=True))
-    return {"losses": losses, "params": params, "resumed_from": resumed, "attempt": attempt}
+    return {"losses": losses, "params": params, "resumed_from": resumed, "attempt": attempt,
+            "rng": rng}
 
 
 def checkpoint_cost(config: GPTConfig | str, root: str | Path, repeats: int = 3) -> dict:

@@ -99,3 +99,15 @@ def test_bad_inputs_raise_clear_errors():
         measure_module(GPT(get_config("tiny")).requires_grad_(False), get_batch(1, 8, seed=0))
     with pytest.raises(ValueError, match="unknown fine-tuning method"):
         measure_finetune("tiny", (1, 8), "prefix")
+
+
+def test_compare_finetuning_rows_and_threads_restored():
+    from course_lib.finetune import compare_finetuning
+
+    before = torch.get_num_threads()
+    rows = compare_finetuning("tiny", pretrain_steps=2, finetune_steps=1, r=8, threads=1)
+    assert torch.get_num_threads() == before, "the caller's thread setting is restored"
+    assert [r.method for r in rows] == ["base (no FT)", "full", "lora", "qlora"]
+    assert [r.trainable for r in rows] == [0, param_count(get_config("tiny")),
+                                           lora_param_count("tiny", 8), lora_param_count("tiny", 8)]
+    assert all(r.sums_loss > 0 and r.sentences_loss > 0 for r in rows)
