@@ -1,0 +1,271 @@
+"""The processes behind :func:`course_lib.link_sweep.link_sweep`: one hub, two "nodes".
+
+``python -m course_lib._link_node hub`` (started by ``link_sweep`` under ``unshare --net``, plus
+``--user --map-root-user`` for a normal user) reads the sweep's parameters as one JSON line on
+stdin, starts two node processes, each under ``unshare --net`` in a network namespace of its own,
+joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both ends with ``tc``, and drives
+the phases: for the unthrottled link first, then every requested setting, one phase per strategy (local steps without communication,
+then the strategy's steps). Every result goes back as one JSON line on stdout.
+
+A node (``python -m course_lib._link_node node``) holds its namespace: when it exits, the
+namespace and its end of the veth pair vanish — nothing to clean up. Both kinds of process die
+with their parent (``PR_SET_PDEATHSIG``), so a killed kernel leaves none behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+_PR_SET_PDEATHSIG = 1
+ADDRS = ("10.99.0.1", "10.99.0.2")
+
+
+def die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when the parent process exits (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def tx_bytes(iface: str, pid: str = "self") -> int:
+    """Bytes sent by ``iface`` of the network namespace of process ``pid`` (``/proc/*/net/dev``)."""
+    with open(f"/proc/{pid}/net/dev") as f:
+        for line in f:
+            name, sep, rest = line.partition(":")
+            if sep and name.strip() == iface:
+                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
+    raise LookupError(f"no interface {iface!r} in /proc/{pid}/net/dev")
+
+
+# --------------------------------------------------------------------------- inside a rank
+def _batch(sizes, batch, seed, rank, device):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1000 * rank)
+    return (torch.randn(batch, sizes[0], generator=gen).to(device),
+            torch.randn(batch, sizes[-1], generator=gen).to(device))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def compute_phase(sizes, batch, steps, seed, device="cpu") -> dict:
+    """Median seconds of a local training step (plain model, SGD, this rank's batch): no comm."""
+    import torch
+
+    from course_lib.models import MLP
+
+    torch.manual_seed(seed)
+    model = MLP(sizes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = _batch(sizes, batch, seed, 0, device)
+    times = []
+    for _ in range(steps + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        _step(model, opt, data)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return {"compute_s": statistics.median(times[1:])}
+
+
+def wrap(model, strategy: str, device):
+    """DDP, or FSDP2 (ZeRO-3: each Linear, then the root, resharded after forward), with SGD.
+
+    The same wrapping as :func:`course_lib.strategies.wrap` (``"ddp"``, ``"fsdp"``) for an
+    MLP, without importing that module's other strategies into every node (seconds on 2 cores).
+    """
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    if strategy == "ddp":
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    else:
+        for unit in model.children():
+            if any(True for _ in unit.parameters()):
+                fully_shard(unit, reshard_after_forward=True)
+        fully_shard(model, reshard_after_forward=True)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _step(model, opt, data) -> None:
+    import torch.nn.functional as F
+
+    opt.zero_grad(set_to_none=True)
+    F.mse_loss(model(data[0]), data[1]).backward()
+    opt.step()
+
+
+def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu") -> dict:
+    """Time ``steps`` steps of ``strategy`` after a warm-up; bytes sent on ``iface`` meanwhile.
+
+    First the same steps without communication (:func:`compute_phase`), just before, under the
+    same load. Each timed step starts after a barrier, so it is how long this rank needed from
+    a common start. ``tx`` is the interface's transmit counter over the timed steps (every byte
+    this node put on the wire: payload, TCP/IP headers, acknowledgements, the barriers); one
+    more step, untimed, is seen by :class:`~course_lib.comm_count.CommCounter` for the payload.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.comm_count import CommCounter
+    from course_lib.models import MLP
+
+    device = torch.device(device)
+    compute = compute_phase(sizes, batch, steps, seed, device)["compute_s"]
+    torch.manual_seed(seed)
+    model, opt = wrap(MLP(sizes).to(device), strategy, device)
+    data = _batch(sizes, batch, seed, dist.get_rank(), device)
+    _step(model, opt, data)  # warm-up: DDP builds its buckets, FSDP2 initialises lazily
+    _sync(device)
+    dist.barrier()
+    before = tx_bytes(iface) if iface else None
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        _step(model, opt, data)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    sent = tx_bytes(iface) - before if iface else None
+    with CommCounter() as counter:
+        _step(model, opt, data)
+        _sync(device)
+    dist.barrier()
+    return {"times": times, "compute_s": compute, "tx": sent, "calls": counter.calls_by_type(),
+            "payload": counter.bytes_by_type()}
+
+
+# --------------------------------------------------------------------------- node process
+def node_main() -> None:
+    """One node: wait for the hub to wire the namespace, join the group, run phases on demand."""
+    die_with_parent()
+    print(json.dumps({"ready": os.getpid()}), flush=True)
+    import torch  # while the hub wires the namespace
+    import torch.distributed as dist
+    import torch.distributed.fsdp  # noqa: F401
+
+    import course_lib.comm_count  # noqa: F401
+
+    setup = json.loads(sys.stdin.readline())
+    os.environ["GLOO_SOCKET_IFNAME"] = setup["iface"]
+
+    torch.set_num_threads(setup["threads"])
+    dist.init_process_group("gloo", init_method=setup["init"], rank=setup["rank"], world_size=2)
+    print(json.dumps({"joined": setup["rank"]}), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        if job["phase"] == "stop":
+            break
+        out = strategy_phase(job["phase"], setup["sizes"], setup["batch"], job["steps"],
+                             setup["seed"], iface=setup["iface"])
+        print(json.dumps(out), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # gloo threads may abort a normal interpreter shutdown
+
+
+# --------------------------------------------------------------------------- hub process
+def _sh(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+def _in(pid: int, *argv: str) -> None:
+    _sh("nsenter", f"--net=/proc/{pid}/ns/net", *argv)
+
+
+def shape(pid: int, iface: str, rate_mbit: float, latency_ms: float) -> None:
+    """Replace the root qdisc of ``iface``: tbf for a rate, netem for a delay (and its rate)."""
+    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "del", "dev", iface,
+                    "root"], capture_output=True)
+    if latency_ms > 0:
+        rate = ["rate", f"{rate_mbit}mbit"] if rate_mbit else []
+        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "netem", "delay",
+            f"{latency_ms}ms", *rate, "limit", "100000")
+    elif rate_mbit:
+        burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))  # >= 1 ms of traffic
+        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "tbf", "rate", f"{rate_mbit}mbit",
+            "burst", str(burst), "latency", "1s")
+
+
+def _read(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"a node exited early (code {proc.wait()}); its errors: "
+                           f"{proc.stderr.read()[-3000:]}")
+    return json.loads(line)
+
+
+def _ask(nodes, job: dict) -> list[dict]:
+    for proc in nodes:
+        proc.stdin.write(json.dumps(job) + "\n")
+        proc.stdin.flush()
+    return [_read(proc) for proc in nodes]
+
+
+def hub_main() -> None:
+    """Build the two-node network, run every phase, print one JSON line per result."""
+    die_with_parent()
+    opts = json.loads(sys.stdin.readline())
+    start, tag = time.monotonic(), os.getpid()
+    ifaces = [f"clv{i}p{tag}"[:15] for i in range(2)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    nodes = [subprocess.Popen(["unshare", "--net", sys.executable, "-m", "course_lib._link_node",
+                               "node"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    try:
+        pids = [_read(proc)["ready"] for proc in nodes]
+        _sh("ip", "link", "add", "name", ifaces[0], "type", "veth", "peer", "name", ifaces[1])
+        for pid, iface, addr in zip(pids, ifaces, ADDRS):
+            _sh("ip", "link", "set", iface, "netns", str(pid))
+            _in(pid, "ip", "addr", "add", f"{addr}/24", "dev", iface)
+            _in(pid, "ip", "link", "set", iface, "up")
+            _in(pid, "ip", "link", "set", "lo", "up")
+        for rank, (proc, iface) in enumerate(zip(nodes, ifaces)):
+            setup = {"rank": rank, "iface": iface, "init": opts["init"], "sizes": opts["sizes"],
+                     "batch": opts["batch"], "seed": 0, "threads": opts["threads"]}
+            proc.stdin.write(json.dumps(setup) + "\n")
+            proc.stdin.flush()
+        for proc in nodes:
+            _read(proc)
+        print(json.dumps({"joined_s": time.monotonic() - start}), flush=True)
+        for strategy in opts["strategies"]:  # first calls pay lazy imports and set-up: not timed
+            _ask(nodes, {"phase": strategy, "steps": 1})
+        settings = [(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]
+        for rate, latency in dict.fromkeys(settings):  # the unthrottled baseline first, once
+            for pid, iface in zip(pids, ifaces):
+                shape(pid, iface, rate, latency)
+            for strategy in opts["strategies"]:
+                ranks = _ask(nodes, {"phase": strategy, "steps": opts["steps"]})
+                print(json.dumps({"rate_mbit": rate, "latency_ms": latency, "strategy": strategy,
+                                  "ranks": ranks, "at_s": time.monotonic() - start}),
+                      flush=True)
+        _ask_stop(nodes)
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _ask_stop(nodes) -> None:
+    for proc in nodes:
+        proc.stdin.write(json.dumps({"phase": "stop"}) + "\n")
+        proc.stdin.flush()
+    for proc in nodes:
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    {"hub": hub_main, "node": node_main}[sys.argv[1]]()
