@@ -4,7 +4,7 @@
 ``--user --map-root-user`` for a normal user) reads the sweep's parameters as one JSON line on
 stdin, starts two node processes, each under ``unshare --net`` in a network namespace of its own,
 joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both ends with ``tc``, and drives
-the phases: for the unthrottled link first, then every requested setting, one phase per strategy (local steps without communication,
+the phases: for the unthrottled link (first and last), and every requested setting, one phase per strategy (local steps without communication,
 then the strategy's steps). Every result goes back as one JSON line on stdout.
 
 A node (``python -m course_lib._link_node node``) holds its namespace: when it exits, the
@@ -242,8 +242,10 @@ def hub_main() -> None:
         print(json.dumps({"joined_s": time.monotonic() - start}), flush=True)
         for strategy in opts["strategies"]:  # first calls pay lazy imports and set-up: not timed
             _ask(nodes, {"phase": strategy, "steps": 1})
-        settings = [(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]
-        for rate, latency in dict.fromkeys(settings):  # the unthrottled baseline first, once
+        settings = list(dict.fromkeys([(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]))
+        if len(settings) > 1:  # the unthrottled base again at the end: load only adds time
+            settings.append((0, 0))
+        for rate, latency in settings:
             for pid, iface in zip(pids, ifaces):
                 shape(pid, iface, rate, latency)
             for strategy in opts["strategies"]:
