@@ -264,6 +264,9 @@ def link_sweep(rates_mbit: Sequence[float], strategies: Sequence[str] = SWEEP_ST
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"device must be None, 'cpu' or 'cuda', got {device!r}")
     n_params = mlp_param_count(list(sizes))
+    if device == "cuda" and devices.gpu_count() < 2:
+        raise ValueError(f"device='cuda' needs 2 GPUs (one per NCCL rank); this machine has "
+                         f"{devices.gpu_count()}. Use device='cpu' (two namespaces)")
     if device == "cuda" or (device is None and devices.gpu_count() >= 2):
         from course_lib.link_sweep_gpu import gpu_sweep
 
@@ -284,7 +287,8 @@ def link_sweep(rates_mbit: Sequence[float], strategies: Sequence[str] = SWEEP_ST
         rate = f"{res['rate_mbit']:g} Mbit/s" if res["rate_mbit"] else "unthrottled"
         return f"veth {rate}" + (f" +{res['latency_ms']:g} ms" if res["latency_ms"] else "")
 
-    return _rows(lines, n_params, "gloo", "veth tx_bytes", link_of)
+    rows = _rows(lines, n_params, "gloo", "veth tx_bytes", link_of)
+    return sorted(rows, key=lambda r: (rates.index(r.rate_mbit), strategies.index(r.strategy)))
 
 
 def rows_to_dicts(rows: Sequence[LinkRow]) -> list[dict]:

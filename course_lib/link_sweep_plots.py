@@ -42,8 +42,9 @@ def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
         ddp, fsdp = pair["ddp"], pair["fsdp"]
         ax.annotate(f"FSDP +{(fsdp.step_s - ddp.step_s) * 1e3:.0f} ms\n"
                     f"({fsdp.sent_bytes / ddp.sent_bytes:.1f}x the bytes)",
-                    (len(links) - 1, max(ddp.step_s, fsdp.step_s) * 1e3), ha="center",
-                    va="bottom", fontsize=8)
+                    (len(links) - 1, max(ddp.step_s, fsdp.step_s, fsdp.predicted_s) * 1e3),
+                    xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=8)
     ax.set_xticks(range(len(links)), links, fontsize=8)
     ax.set_ylabel("training step (ms)")
     ax.margins(y=0.25)

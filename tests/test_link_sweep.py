@@ -186,6 +186,29 @@ def test_gpu_path_measures_the_real_link_only(monkeypatch):
     assert ddp.bytes_source.startswith("CommCounter")
 
 
+def test_cuda_without_two_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(devices, "gpu_count", lambda: 1)
+    monkeypatch.setattr(gpu, "_launch", lambda *a: pytest.fail("a process started"))
+    with pytest.raises(ValueError, match="needs 2 GPUs .* this machine has 1"):
+        course_lib.link_sweep([0], device="cuda")
+
+
+def test_figure_shows_every_row_and_fsdp_extra_cost():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib.link_sweep_plots import plot_link_sweep
+
+    rows = rec.load_recorded()
+    fig = plot_link_sweep(rows)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == sorted(round(r.step_s * 1e3, 6) for r in rows)
+    slow = [r for r in rows if r.rate_mbit == min(x.rate_mbit for x in rows if x.rate_mbit)]
+    ratio = next(r for r in slow if r.strategy == "fsdp").sent_bytes / next(
+        r for r in slow if r.strategy == "ddp").sent_bytes
+    assert any(f"({ratio:.1f}x the bytes)" in t.get_text() for t in ax.texts)
+
+
 @pytest.mark.skipif(devices.gpu_count() < 2, reason="needs 2 CUDA GPUs")
 def test_gpu_path_for_real():
     rows = course_lib.link_sweep([0])
