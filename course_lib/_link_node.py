@@ -18,8 +18,11 @@ import json
 import os
 import signal
 import statistics
+import queue
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
@@ -41,7 +44,6 @@ def tx_bytes(iface: str, pid: str = "self") -> int:
     raise LookupError(f"no interface {iface!r} in /proc/{pid}/net/dev")
 
 
-# --------------------------------------------------------------------------- inside a rank
 def _batch(sizes, batch, seed, rank, device):
     import torch
 
@@ -51,9 +53,9 @@ def _batch(sizes, batch, seed, rank, device):
 
 
 def _sync(device) -> None:
-    import torch
-
     if str(device).startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize()
 
 
@@ -89,6 +91,8 @@ def wrap(model, strategy: str, device):
     if strategy == "ddp":
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    elif strategy != "fsdp":
+        raise ValueError(f"unknown strategy {strategy!r}: the link sweep runs 'ddp' or 'fsdp'")
     else:
         for unit in model.children():
             if any(True for _ in unit.parameters()):
@@ -146,7 +150,6 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
             "payload": counter.bytes_by_type()}
 
 
-# --------------------------------------------------------------------------- node process
 def node_main() -> None:
     """One node: wait for the hub to wire the namespace, join the group, run phases on demand."""
     die_with_parent()
@@ -174,7 +177,6 @@ def node_main() -> None:
     os._exit(0)  # gloo threads may abort a normal interpreter shutdown
 
 
-# --------------------------------------------------------------------------- hub process
 def _sh(*argv: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
@@ -199,19 +201,57 @@ def shape(pid: int, iface: str, rate_mbit: float, latency_ms: float) -> None:
             "burst", str(burst), "latency", "1s")
 
 
-def _read(proc: subprocess.Popen) -> dict:
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"a node exited early (code {proc.wait()}); its errors: "
-                           f"{proc.stderr.read()[-3000:]}")
-    return json.loads(line)
+class _Nodes:
+    """The two node processes: JSON lines in, JSON lines out, stderr kept in temp files.
 
+    One reader thread per node: when a node dies, the hub learns it at once (its peer would
+    wait in a collective), and the error names the node and shows its traceback.
+    """
 
-def _ask(nodes, job: dict) -> list[dict]:
-    for proc in nodes:
-        proc.stdin.write(json.dumps(job) + "\n")
-        proc.stdin.flush()
-    return [_read(proc) for proc in nodes]
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.errs = [tempfile.TemporaryFile("w+") for _ in range(2)]
+        self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m",
+                                        "course_lib._link_node", "node"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                      for err in self.errs]
+        self.lines: queue.Queue = queue.Queue()
+        for rank, proc in enumerate(self.procs):
+            threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
+
+    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.put((rank, line))
+        self.lines.put((rank, None))
+
+    def send(self, rank: int, job: dict) -> None:
+        print(json.dumps(job), file=self.procs[rank].stdin, flush=True)
+
+    def receive(self) -> list[dict]:
+        """One JSON line from each node, in rank order; a node that exits raises."""
+        got: dict[int, dict] = {}
+        while len(got) < 2:
+            rank, line = self.lines.get()
+            if line is None:
+                code = self.procs[rank].wait()
+                self.errs[rank].seek(0)
+                tail = "\n".join(self.errs[rank].read().rstrip().splitlines()[-25:])
+                raise RuntimeError(f"node {rank} exited with code {code}:\n{tail}")
+            got[rank] = json.loads(line)
+        return [got[0], got[1]]
+
+    def ask(self, job: dict) -> list[dict]:
+        for rank in range(2):
+            self.send(rank, job)
+        return self.receive()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for err in self.errs:
+            err.close()
 
 
 def hub_main() -> None:
@@ -220,28 +260,23 @@ def hub_main() -> None:
     opts = json.loads(sys.stdin.readline())
     start, tag = time.monotonic(), os.getpid()
     ifaces = [f"clv{i}p{tag}"[:15] for i in range(2)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    nodes = [subprocess.Popen(["unshare", "--net", sys.executable, "-m", "course_lib._link_node",
-                               "node"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    nodes = _Nodes()
     try:
-        pids = [_read(proc)["ready"] for proc in nodes]
+        pids = [reply["ready"] for reply in nodes.receive()]
         _sh("ip", "link", "add", "name", ifaces[0], "type", "veth", "peer", "name", ifaces[1])
         for pid, iface, addr in zip(pids, ifaces, ADDRS):
             _sh("ip", "link", "set", iface, "netns", str(pid))
             _in(pid, "ip", "addr", "add", f"{addr}/24", "dev", iface)
             _in(pid, "ip", "link", "set", iface, "up")
             _in(pid, "ip", "link", "set", "lo", "up")
-        for rank, (proc, iface) in enumerate(zip(nodes, ifaces)):
-            setup = {"rank": rank, "iface": iface, "init": opts["init"], "sizes": opts["sizes"],
-                     "batch": opts["batch"], "seed": 0, "threads": opts["threads"]}
-            proc.stdin.write(json.dumps(setup) + "\n")
-            proc.stdin.flush()
-        for proc in nodes:
-            _read(proc)
+        for rank, iface in enumerate(ifaces):
+            nodes.send(rank, {"rank": rank, "iface": iface, "init": opts["init"],
+                              "sizes": opts["sizes"], "batch": opts["batch"], "seed": 0,
+                              "threads": opts["threads"]})
+        nodes.receive()
         print(json.dumps({"joined_s": time.monotonic() - start}), flush=True)
         for strategy in opts["strategies"]:  # first calls pay lazy imports and set-up: not timed
-            _ask(nodes, {"phase": strategy, "steps": 1})
+            nodes.ask({"phase": strategy, "steps": 1})
         settings = list(dict.fromkeys([(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]))
         if len(settings) > 1:  # the unthrottled base again at the end: load only adds time
             settings.append((0, 0))
@@ -249,24 +284,16 @@ def hub_main() -> None:
             for pid, iface in zip(pids, ifaces):
                 shape(pid, iface, rate, latency)
             for strategy in opts["strategies"]:
-                ranks = _ask(nodes, {"phase": strategy, "steps": opts["steps"]})
+                ranks = nodes.ask({"phase": strategy, "steps": opts["steps"]})
                 print(json.dumps({"rate_mbit": rate, "latency_ms": latency, "strategy": strategy,
                                   "ranks": ranks, "at_s": time.monotonic() - start}),
                       flush=True)
-        _ask_stop(nodes)
+        for rank in range(2):
+            nodes.send(rank, {"phase": "stop"})
+        for proc in nodes.procs:
+            proc.wait(30)
     finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-
-def _ask_stop(nodes) -> None:
-    for proc in nodes:
-        proc.stdin.write(json.dumps({"phase": "stop"}) + "\n")
-        proc.stdin.flush()
-    for proc in nodes:
-        proc.wait(30)
+        nodes.close()
 
 
 if __name__ == "__main__":

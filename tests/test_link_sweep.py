@@ -72,6 +72,17 @@ def test_each_throttled_step_is_within_the_stated_factor_of_alpha_beta(sweep):
     assert all(rec.verdicts(list(sweep.values())).values())
 
 
+def test_a_failing_node_is_named_with_its_traceback():
+    mode, why = ls.availability()
+    if mode is None:
+        pytest.skip(f"network namespaces not available here: {why}")
+    opts = {"sizes": [8, 8], "batch": 2, "steps": 1, "rates": [0], "latency_ms": 0,
+            "strategies": ["zero9"], "threads": 1}  # past link_sweep's checks: fails in the nodes
+    with pytest.raises(RuntimeError, match=r"(?s)node [01] exited with code 1.*Traceback.*"
+                                           r"unknown strategy 'zero9'"):
+        ls._run_hub(mode, opts, timeout=120)
+
+
 def test_latency_needs_netem():
     mode, why = ls.availability(latency=True)
     if mode is None:
