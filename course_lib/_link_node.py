@@ -4,8 +4,8 @@
 ``--user --map-root-user`` for a normal user) reads the sweep's parameters as one JSON line on
 stdin, starts two node processes, each under ``unshare --net`` in a network namespace of its own,
 joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both ends with ``tc``, and drives
-the phases: for the unthrottled link (first and last), and every requested setting, one phase per strategy (local steps without communication,
-then the strategy's steps). Every result goes back as one JSON line on stdout.
+the phases: for the unthrottled link (first and last) and every requested setting, one phase
+per strategy. Every result goes back as one JSON line on stdout.
 
 A node (``python -m course_lib._link_node node``) holds its namespace: when it exits, the
 namespace and its end of the veth pair vanish — nothing to clean up. Both kinds of process die

@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -60,9 +59,10 @@ class LinkRow:
     ``step_s``: median over the timed steps of the slower rank's step. ``sent_bytes``: bytes one
     rank sent per step, read from ``bytes_source``. ``base_s``: the same strategy's step on the
     unthrottled link (compute, the framework's own work, and a transfer the veth makes nearly
-    free; measured at the start and the end of the sweep, the faster kept); ``compute_s``: the local step alone, no communication. ``predicted_s``: ``base_s`` +
-    ``predicted_bytes`` at the link rate + a delay per message step (α-β); on the unthrottled
-    link it *is* ``base_s``, the reference, not a prediction.
+    free; measured at the start and the end of the sweep, the faster kept). ``compute_s``: the
+    local step alone, no communication. ``predicted_s``: ``base_s`` + ``predicted_bytes`` at
+    the link rate + a delay per message step (α-β); on the unthrottled link it *is*
+    ``base_s``, the reference, not a prediction.
     """
 
     rate_mbit: float
@@ -86,7 +86,7 @@ class LinkRow:
 
 def predicted_bytes(strategy: str, n_params: int, world: int = 2, backend: str = "gloo",
                     bytes_per_param: int = 4) -> float:
-    """Bytes one rank sends per step (ring algorithms; gloo's reduce-scatter costs an all-reduce)."""
+    """Bytes one rank sends per step (rings; gloo's reduce-scatter costs an all-reduce)."""
     grads = n_params * bytes_per_param
     ring = (world - 1) / world * grads  # one all-gather or one ring reduce-scatter
     if strategy == "ddp":
@@ -127,7 +127,8 @@ def _validate(rates_mbit, strategies, latency_ms, steps) -> tuple[list[float], t
     strategies = tuple(strategies)
     bad = [s for s in strategies if s not in SWEEP_STRATEGIES]
     if bad or not strategies:
-        raise ValueError(f"unknown strategies {bad or strategies!r}; choose from {SWEEP_STRATEGIES}")
+        raise ValueError(f"unknown strategies {bad or strategies!r}; "
+                         f"choose from {SWEEP_STRATEGIES}")
     if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)) \
             or not math.isfinite(latency_ms) or latency_ms < 0:
         raise ValueError(f"latency_ms must be a finite number >= 0, got {latency_ms!r}")
@@ -232,7 +233,7 @@ def _rows(results: list[dict], n_params: int, backend: str, source: str, link_of
             continue
         step_s, compute_s, wire = _measured(res)
         payload = res["ranks"][0]["payload"]
-        if wire is None:  # no wire counter (NCCL): the share of the payload a ring sends
+        if wire is None:  # no wire counter (NCCL): the share of the payload a ring sends, p = 2
             wire = sum((2 if kind == "all_reduce" else 1) * n / 2 for kind, n in payload.items())
         n_bytes = predicted_bytes(res["strategy"], n_params, backend=backend)
         rows.append(LinkRow(res["rate_mbit"], res["latency_ms"], res["strategy"], step_s, wire,

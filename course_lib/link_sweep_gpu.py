@@ -47,7 +47,7 @@ def gpu_sweep(rates: Sequence[float], strategies: Sequence[str], latency_ms: flo
                       f"{[r for r in rates if r]} Mbit/s and latency_ms={latency_ms:g} were not "
                       "applied", stacklevel=3)
     per_rank = _launch(list(strategies), steps, sizes, batch, timeout)
-    results = [{"rate_mbit": 0.0, "latency_ms": 0.0, "strategy": s, "ranks": [r[s] for r in per_rank]}
-               for s in strategies]
+    results = [{"rate_mbit": 0.0, "latency_ms": 0.0, "strategy": s,
+                "ranks": [r[s] for r in per_rank]} for s in strategies]
     return _rows(results, n_params, "nccl", "CommCounter payload (ring share)",
                  lambda res: LINK)
