@@ -79,25 +79,25 @@ def compute_phase(sizes, batch, steps, seed, device="cpu") -> dict:
 
 
 def wrap(model, strategy: str, device):
-    """DDP, or FSDP2 (ZeRO-3: each Linear, then the root, resharded after forward), with SGD.
-
-    The same wrapping as :func:`course_lib.strategies.wrap` (``"ddp"``, ``"fsdp"``) for an
-    MLP, without importing that module's other strategies into every node (seconds on 2 cores).
-    """
+    """DDP, or FSDP2 (ZeRO-3), with SGD: :func:`course_lib.strategies.wrap`'s ``"ddp"`` and
+    ``"fsdp"`` for an MLP, without importing its other strategies into every node (seconds)."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     if strategy == "ddp":
-        ids = [device.index] if device.type == "cuda" else None
+        ids = None if device.index is None else [device.index]  # cuda:i; None on CPU
         model = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
     elif strategy != "fsdp":
         raise ValueError(f"unknown strategy {strategy!r}: the link sweep runs 'ddp' or 'fsdp'")
-    else:
+    else:  # the mesh on the model's device: FSDP2's default follows the accelerator, if any
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for unit in model.children():
             if any(True for _ in unit.parameters()):
-                fully_shard(unit, reshard_after_forward=True)
-        fully_shard(model, reshard_after_forward=True)
+                fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 

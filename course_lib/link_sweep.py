@@ -40,8 +40,9 @@ SWEEP_STRATEGIES = ("ddp", "fsdp")
 #: The MLP (Ψ ≈ 0.98 M parameters, 3.9 MB of fp32 gradients) and the per-rank batch.
 DEFAULT_SIZES = (256, 768, 768, 256)
 DEFAULT_BATCH = 32
-#: Stated tolerance: each measured step lies within these factors of its α-β prediction.
-STEP_FACTOR = (0.5, 3.0)
+#: Stated tolerance: each measured step within this factor of its α-β prediction, either way
+#: (1/3 to 3x). Wide on purpose: on 2 shared cores the unthrottled base itself varies ~2x.
+STEP_FACTOR = (1 / 3, 3.0)
 
 
 class LinkSweepUnavailable(RuntimeError):

@@ -133,7 +133,7 @@ def verdicts(rows: Sequence[LinkRow]) -> dict[str, bool]:
             <= BYTES_TOLERANCE for d, f in pairs)
     throttled = [r for r in rows if r.rate_mbit or r.latency_ms]
     if throttled:
-        out[f"every throttled step within {lo:g}x-{hi:g}x of its α-β prediction"] = all(
+        out[f"every throttled step within a factor {hi:g} of its α-β prediction"] = all(
             lo <= r.ratio <= hi for r in throttled)
     return out
 

@@ -197,6 +197,25 @@ def test_gpu_path_measures_the_real_link_only(monkeypatch):
     assert ddp.bytes_source.startswith("CommCounter")
 
 
+def _phases(sizes):
+    from course_lib._link_node import strategy_phase
+
+    return {s: strategy_phase(s, sizes, 4, 1, 0) for s in ("ddp", "fsdp")}
+
+
+def test_the_phase_code_of_the_gpu_path_runs_in_plain_ranks():
+    """The rank code gpu_sweep runs, on 2 CPU ranks of course_lib.run (no namespace, no wire
+    counter): CommCounter sees DDP's all-reduce of every gradient, FSDP's two all-gathers and
+    one reduce-scatter of the whole model."""
+    sizes = [8, 16, 8]
+    psi = mlp_param_count(sizes)
+    for rank in course_lib.run(_phases, 2, sizes):
+        assert rank["ddp"]["tx"] is None and len(rank["ddp"]["times"]) == 1
+        assert rank["ddp"]["payload"] == {"all_reduce": 4 * psi}
+        assert rank["fsdp"]["payload"] == {"all_gather": 8 * psi, "reduce_scatter": 4 * psi}
+        assert rank["fsdp"]["calls"] == {"all_gather": 2 * 2, "reduce_scatter": 2}
+
+
 def test_cuda_without_two_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
     monkeypatch.setattr(gpu, "_launch", lambda *a: pytest.fail("a process started"))
