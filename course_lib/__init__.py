@@ -17,6 +17,9 @@ from typing import Any
 # Eager on purpose: the function ``course_lib.torchrun`` shares its name with its module, and a
 # lazy name would be replaced by the module as soon as anything imported the submodule.
 from course_lib.torchrun import torchrun  # noqa: E402
+# The same for ``course_lib.link_sweep`` (a light module: torch is imported only when it runs).
+# Get the module itself with ``importlib.import_module("course_lib.link_sweep")``.
+from course_lib.link_sweep import link_sweep  # noqa: E402
 
 # public name -> module that defines it, grouped by the chapter that teaches it
 _EXPORTS: dict[str, str] = {}
@@ -48,6 +51,7 @@ for _module, _names in {
     "scaling": ["measure_scaling"],
     "whatif": ["LINKS", "predict_step", "whatif_table"],
     "multinode": ["run_two_nodes"],
+    "link_sweep": ["link_sweep", "LinkSweepUnavailable"],
     # 06 fault tolerance
     "checkpoint": ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
     "checkpoint_interval": ["young_daly_interval"],
