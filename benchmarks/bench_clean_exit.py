@@ -6,7 +6,7 @@
 Each launch runs one forward/backward through ``course_lib.run`` and records every rank's exit
 status through ``run(..., report=RunReport())`` (0 = clean, -6 = SIGABRT). Before
 the launcher ended ranks with ``os._exit``, 10-30 % of such runs aborted at interpreter shutdown
-("terminate called without an active exception", see shared/pytorch-cpu-facts.md). Prints the
+("terminate called without an active exception"). Prints the
 counts and the median launch time.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from collections import Counter
 
 from course_lib import run
-from course_lib.exit_codes import ddp_step, fsdp_step
-from course_lib.launch import RunReport
+from course_lib.launcher.exit_codes import ddp_step, fsdp_step
+from course_lib.launcher.launch import RunReport
 
 
 def main() -> None:

@@ -15,9 +15,9 @@ import argparse
 import re
 import sys
 
-from course_lib.alphabeta import ring_allreduce_time
-from course_lib.models import mlp_param_count
-from course_lib.multinode import netns_available, run_two_nodes_netns
+from course_lib.communication.alphabeta import ring_allreduce_time
+from course_lib.common.models import mlp_param_count
+from course_lib.communication.multinode import netns_available, run_two_nodes_netns
 
 
 def main() -> None:
