@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from course_lib.common.checks import positive_int
+
 __all__ = ["VOCAB_SIZE", "CORPUS_PATH", "make_corpus", "write_corpus", "load_corpus", "encode",
            "decode", "get_batch"]
 
@@ -85,8 +87,7 @@ def get_batch(batch_size: int, seq_len: int, *, seed: int, step: int = 0, rank: 
     token. The first 90 % of the corpus is ``"train"``, the rest ``"val"``.
     """
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
     if split not in _SPLITS:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.checks import is_int, positive_int
+
 __all__ = ["GPTConfig", "GPT", "MLP", "PRESETS", "get_config", "param_count", "mlp_param_count"]
 
 _ATTENTION = ("sdpa", "explicit")
@@ -48,8 +50,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_model", "vocab_size", "seq_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+            positive_int(value, f"GPTConfig.{name}")
         if self.d_model % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model} "
                              f"(each head gets d_model / n_head channels)")
@@ -195,7 +196,7 @@ class MLP(nn.Sequential):
 
     def __init__(self, sizes: Sequence[int]) -> None:
         sizes = list(sizes)
-        if len(sizes) < 2 or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in sizes):
+        if len(sizes) < 2 or any(not is_int(n) or n <= 0 for n in sizes):
             raise ValueError(f"MLP sizes must be at least two positive integers, got {sizes!r}")
         super().__init__()
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
@@ -100,9 +101,9 @@ def validate_request(collectives: Iterable[str], sizes: Iterable[int], world: in
         if name not in COLLECTIVES:
             raise ValueError(f"unknown collective {name!r}; choose from {COLLECTIVES}")
     for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        if not is_int(size) or size <= 0:
             raise ValueError(f"message sizes must be positive integers (bytes), got {size!r}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < min_world:
+    if not is_int(world) or world < min_world:
         raise ValueError(f"world size must be an integer >= {min_world}, got {world!r}")
 
 
@@ -159,7 +160,7 @@ def benchmark_collectives(collectives: Sequence[str] = COLLECTIVES,
     """
     collectives, sizes = list(collectives), list(sizes)
     validate_request(collectives, sizes, world)
-    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+    if iters is not None and (not is_int(iters) or iters < 1):
         raise ValueError(f"iters must be a positive integer or None, got {iters!r}")
     backend = devices.plan(world).backend
     per_rank = run(_bench_rank, world, collectives, sizes, iters, warmup, timeout=timeout)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from course_lib.common.checks import is_int
 from course_lib.launcher.torchrun import torchrun_command
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
@@ -117,7 +118,7 @@ def _check(procs: list[subprocess.Popen], outputs: list[str], what: str) -> None
 
 
 def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
-    if isinstance(nprocs_per_node, bool) or not isinstance(nprocs_per_node, int) \
+    if not is_int(nprocs_per_node) \
             or nprocs_per_node < 1:
         raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
     if not os.path.isfile(script):

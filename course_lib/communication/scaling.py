@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.common.checks import is_int
 from course_lib.common.models import MLP, mlp_param_count
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
@@ -121,7 +122,7 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
     baseline whose threads wait for each other on a busy machine).
     """
     worlds = list(worlds)
-    if not worlds or worlds[0] != 1 or any(isinstance(w, bool) or not isinstance(w, int)
+    if not worlds or worlds[0] != 1 or any(not is_int(w)
                                            or w < 1 for w in worlds):
         raise ValueError(f"worlds must be integers >= 1 starting with 1 (the baseline), "
                          f"got {worlds}")

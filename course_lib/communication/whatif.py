@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from course_lib.common.checks import positive_int
 from course_lib.communication.alphabeta import AlphaBeta
 
 __all__ = ["Link", "LINKS", "STRATEGIES", "StepPrediction", "predict_step", "whatif_table"]
@@ -122,8 +123,7 @@ def predict_step(params: float, gpus: int, strategy: str = "ddp",
         raise ValueError(f"unknown strategy {strategy!r}; choose from {sorted(STRATEGIES)}")
     if params <= 0 or tokens_per_gpu <= 0 or bytes_per_element <= 0:
         raise ValueError("params, tokens_per_gpu and bytes_per_element must be positive")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    positive_int(gpus, "gpus")
     if not (0 < mfu <= 1 and 0 <= overlap <= 1 and peak_tflops > 0 and bucket_mib > 0):
         raise ValueError("need 0 < mfu <= 1, 0 <= overlap <= 1, peak_tflops > 0, bucket_mib > 0")
     chosen = _resolve(link)

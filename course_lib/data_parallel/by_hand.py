@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.launcher import devices
@@ -172,8 +173,7 @@ def _both_modes(steps: int, local_batch: int, seq_len: int, lr: float, seed: int
 def _validate(world: int, steps: int, local_batch: int, seq_len: int, preset: str) -> None:
     devices.plan(world)
     for name, value in (("steps", steps), ("local_batch", local_batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     if seq_len > get_config(preset).seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds preset {preset!r}'s "
                          f"seq_len={get_config(preset).seq_len}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
@@ -112,7 +113,7 @@ def show_collectives(world: int = 4, names: tuple[str, ...] = DEMO_COLLECTIVES
     unknown = [n for n in names if n not in DEMO_COLLECTIVES]
     if unknown:
         raise ValueError(f"unknown collective(s) {unknown}; choose from {DEMO_COLLECTIVES}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 2:
+    if not is_int(world) or world < 2:
         raise ValueError(f"world must be an integer >= 2 (a collective needs partners), "
                          f"got {world!r}")
     devices.plan(world)  # too many ranks for this machine fails here, before any process starts

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
@@ -149,8 +150,7 @@ def _check(world: int, preset: str, local_batch: int, seq_len: int) -> None:
     devices.plan(world)
     config = get_config(preset)
     for name, value in (("local_batch", local_batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds preset {preset!r}'s seq_len={config.seq_len}")
 
@@ -166,8 +166,7 @@ def measure_dp(world: int = 2, preset: str = "small", local_batch: int = 4, seq_
     if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
                                           and bucket_cap_mb > 0):
         raise ValueError(f"bucket_cap_mb must be a number > 0 (or None), got {bucket_cap_mb!r}")
-    if isinstance(timed_steps, bool) or not isinstance(timed_steps, int) or timed_steps < 1:
-        raise ValueError(f"timed_steps must be a positive integer, got {timed_steps!r}")
+    positive_int(timed_steps, "timed_steps")
     return run(_dp_rank, world, preset, local_batch, seq_len, bucket_cap_mb,
                bool(gradient_as_bucket_view), timed_steps, device="cpu", threads=1)
 
@@ -210,8 +209,7 @@ def compare_accumulation(world: int = 2, micro_steps: int = 4, local_batch: int 
     bytes rank 0 sent per optimizer step in both cases.
     """
     _check(world, "tiny", local_batch, seq_len)
-    if isinstance(micro_steps, bool) or not isinstance(micro_steps, int) or micro_steps < 1:
-        raise ValueError(f"micro_steps must be a positive integer, got {micro_steps!r}")
+    positive_int(micro_steps, "micro_steps")
     out = {"world": world, "micro_steps": micro_steps,
            "global_batch": world * micro_steps * local_batch}
     for use_no_sync in (True, False):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.common.checks import is_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.data_parallel.by_hand import max_diff
@@ -62,7 +63,7 @@ def check_average_gradients(fn: Callable[[nn.Module], None], world: int = 3,
     if not callable(fn):
         raise TypeError(f"pass your function itself (average_gradients, no parentheses), "
                         f"got {type(fn).__name__}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 2:
+    if not is_int(world) or world < 2:
         raise ValueError(f"world must be an integer >= 2 (one rank has nothing to average), "
                          f"got {world!r}")
     results = run(_check_rank, world, fn, seed, device="cpu", threads=1)
@@ -94,8 +95,7 @@ def check_ring_bytes(answer: object, n_params: int, world: int,
     measurement exceeds the formula only by gloo's small per-message envelope (< 1 %).
     """
     for name, value in (("n_params", n_params), ("world", world)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     expected = measured if measured is not None else 2 * (world - 1) / world * 4 * n_params
     return check_number(answer, expected, rtol=0.01, name="ring bytes", unit="bytes",
                         hint="a ring all-reduce is a reduce-scatter then an all-gather; in each "

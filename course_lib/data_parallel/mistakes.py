@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from course_lib.common.checks import is_int, positive_int
 from course_lib.data_parallel.by_hand import average_gradients, max_diff, train_rank, train_single
 from course_lib.launcher.launch import run
 
@@ -30,10 +31,8 @@ __all__ = ["sampler_shards", "MISTAKES", "MistakeResult", "what_breaks", "format
 def sampler_shards(n_samples: int, world: int, *, epoch: int = 0, shuffle: bool = True,
                    seed: int = 0) -> list[list[int]]:
     """The dataset indices ``DistributedSampler`` gives each of ``world`` ranks in ``epoch``."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be a positive integer, got {world!r}")
+    positive_int(n_samples, "n_samples")
+    positive_int(world, "world")
     shards = []
     for rank in range(world):  # num_replicas/rank given explicitly: no process group needed
         sampler = DistributedSampler(range(n_samples), num_replicas=world, rank=rank,
@@ -107,7 +106,7 @@ def what_breaks(world: int = 2, steps: int = 3, local_batch: int = 4, seq_len: i
     process on ``b`` rows); the same batch on every rank is one process on ``b`` rows — ``N``
     times the compute for a ``1/N`` batch.
     """
-    if isinstance(world, bool) or not isinstance(world, int) or world < 2:
+    if not is_int(world) or world < 2:
         raise ValueError(f"world must be an integer >= 2 to show the mistakes, got {world!r}")
     per_rank = run(_mistake_rank, world, steps, local_batch, seq_len, lr, seed, preset,
                    device="cpu", threads=1)

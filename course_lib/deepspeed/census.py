@@ -8,13 +8,9 @@ states does it hold? Three answers are put side by side:
   module's parameters and their ``ds_tensor`` partitions, the ZeRO optimizer's flat buffers, the
   wrapped torch optimizer's states) and add up their *storages*, each counted once. Parameters
   of stage 1/2 are *views* into one flat buffer: counting storages (not tensors) counts it
-  once, padding included. This is the instrument for DeepSpeed because chapter 1's
-  ``MemTracker``, given the engine's module and the wrapped torch Adam, misfiles DeepSpeed's
-  buffers (seen here on the tiny GPT, 2 ranks): in stage 2 the fp32 master partition counts as
-  optimizer state only once ``step()`` ran, and the reduced-gradient buffer as a *temporary* of
-  backward, never as gradients; in stage 3 it sees no parameters between steps (the
-  ``ds_tensor`` partitions are not module parameters), the gradient partition buffer as a
-  temporary and the reduction bucket as gradients.
+  once, padding included. Chapter 1's ``MemTracker`` is not used here: it misfiles DeepSpeed's
+  flat buffers (a reduced-gradient buffer as a temporary of backward; ZeRO-3's ``ds_tensor``
+  partitions, which are not module parameters, not as parameters at all).
 * **the course's prediction** — :func:`predict_deepspeed`: from the parameter shapes alone, with
   DeepSpeed's layout rules (flat buffers padded to a multiple of ``2·N`` elements, a fp32 master
   copy even in fp32 training, one Adam ``step`` per flat group, ZeRO-3 partitions of

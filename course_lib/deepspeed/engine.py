@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.deepspeed.census import census
@@ -59,8 +60,7 @@ def deepspeed_config(stage: int, *, micro_batch: int = 4, grad_accum: int = 1, l
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
     for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     zero: dict[str, Any] = {"stage": stage}
     if bucket_elements is not None and stage > 0:
         zero["reduce_bucket_size"] = bucket_elements

@@ -1,6 +1,7 @@
 """Chapter 08's exercise check: does a learner's DeepSpeed config fit the GPUs it names?"""
 from __future__ import annotations
 
+from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.deepspeed.census import predict_deepspeed
 from course_lib.sharding.formulas import param_shapes
@@ -38,7 +39,7 @@ def check_fit_config(ds_config: object, *, config: GPTConfig | str | list = "gpt
         return False, ("a DeepSpeed config is a dict (the JSON file), "
                        f"got {type(ds_config).__name__}")
     micro = ds_config.get("train_micro_batch_size_per_gpu")
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+    if not is_int(micro) or micro < 1:
         return False, "set \"train_micro_batch_size_per_gpu\" to a positive integer"
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     if stage is None or stage is Ellipsis:

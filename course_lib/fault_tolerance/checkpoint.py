@@ -40,6 +40,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from course_lib.common.checks import is_int, non_negative_int
+
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
 
@@ -54,8 +56,7 @@ class CheckpointError(RuntimeError):
 
 def checkpoint_name(step: int) -> str:
     """Directory name of the checkpoint taken after ``step`` optimizer steps."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    non_negative_int(step, "step")
     return f"step_{step:06d}"
 
 
@@ -112,7 +113,7 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
     Returns the committed directory.
     """
     name = checkpoint_name(step)
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+    if keep is not None and (not is_int(keep) or keep < 1):
         raise ValueError(f"keep must be a positive integer or None, got {keep!r}")
     meta = dict(meta or {})
     json.dumps(meta)  # fail before writing anything if meta is not JSON

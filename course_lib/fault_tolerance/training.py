@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from course_lib.common.checks import is_int, non_negative_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.fault_tolerance.checkpoint import (latest_checkpoint, load_checkpoint,
@@ -55,8 +56,7 @@ class Fault:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
         for name in ("attempt", "rank", "step"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Fault.{name} must be a non-negative integer, got {value!r}")
+            non_negative_int(value, f"Fault.{name}")
 
 
 def parse_faults(text: str) -> tuple[Fault, ...]:
@@ -94,9 +94,8 @@ def build(config: GPTConfig | str = "tiny", *, seed: int = 0, lr: float = 1e-3
 
 
 def _check(steps: int, every: int, faults: Sequence[Fault], world: int) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+    positive_int(steps, "steps")
+    if not is_int(every) or every < 0:
         raise ValueError(f"every must be a non-negative integer (0: no checkpoints), got {every!r}")
     for f in faults:
         if f.rank >= world or f.step >= steps + (f.kind == "save"):

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config
 
 __all__ = ["DEFAULT_TARGETS", "LoRALinear", "add_lora", "lora_layers", "trainable_parameters",
@@ -75,8 +76,7 @@ class LoRALinear(nn.Module):
 
 
 def _check_rank(r: int, alpha: float) -> None:
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise ValueError(f"LoRA rank r must be a positive integer, got {r!r}")
+    positive_int(r, "LoRA rank r")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}")
 

@@ -10,21 +10,15 @@ GPU size, a GPU count and a sequence length, do I need to distribute at all?* :f
   (:func:`course_lib.finetuning.memory.measure_finetune`);
 
 with bytes per GPU by category, fits or not, and a rough cost. Every number is a fake-tensor
-measurement (no memory is allocated). **Depth probes**: a 32-layer fake step takes ~10 s per
-method on 2 cores, so for deep models (``depth="probe"``, the default above 4 layers) each method
-is measured at two small depths and extrapolated linearly to ``n_layer`` — exact, because every
-block adds the same tensors (the tests compare it with full-depth runs). The depths are 1 and 2
-layers (a fake step costs per operator, so the fewer layers the faster), except for ZeRO-2 and
-FSDP, measured at 2 and 3: FSDP2's peak with a single block differs (1 → 2 layers adds 32 kB more
-than every later layer on ``small``). Two exceptions are labelled: ZeRO-1 gives *whole* tensors
-to ranks greedily, so rank 0's optimizer share does not scale with depth — it comes from
-:func:`course_lib.sharding.formulas.per_rank_bytes` (formula); FSDP's *peak* is not linear in depth (its moment
-moves as blocks are gathered and freed one by one) — the probe gave 4 % more than a full-depth
-run at 4 layers and 31 % more at 7B (28.7 vs 21.8 GB), so it is labelled an upper estimate.
-Every other category matched exactly at 7B (``benchmarks/bench_ch7_planner.py``).
-``depth="full"`` measures at full depth. Results are cached in the ``cache`` dict a caller
-passes (the widget keeps one); the garbage collector is paused during the fake runs (they create
-many short-lived objects; a full collection walks every object of a torch process).
+measurement (no memory is allocated). **Depth probes** (``depth="probe"``, the default above 4
+layers): each method is measured at two small depths (1 and 2 layers; 2 and 3 for ZeRO-2 and
+FSDP, whose single-block peak differs) and extrapolated linearly to ``n_layer`` — exact, because
+every block adds the same tensors (the tests compare with full-depth runs). Two exceptions are
+labelled: ZeRO-1's greedy whole-tensor shares come from
+:func:`course_lib.sharding.formulas.per_rank_bytes`, and FSDP's *peak*, not linear in depth, is
+an upper estimate (``benchmarks/bench_ch7_planner.py`` compares). ``depth="full"`` measures at
+full depth. Results are cached in the ``cache`` dict a caller passes; the garbage collector is
+paused during the fake runs (they create many short-lived objects).
 
 Cost (rough, stated): training FLOPs per token 6·N for full fine-tuning, 4·N for (Q)LoRA (no
 weight gradients for frozen weights: forward 2N + input-gradients 2N), at ``mfu`` × ``tflops``.
@@ -36,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config, param_count
 from course_lib.finetuning.memory import measure_finetune
 from course_lib.launcher import progress
@@ -168,8 +163,7 @@ def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
     config = get_config(model)
     for name, value in (("n_gpus", n_gpus), ("seq_len", seq_len), ("micro_batch", micro_batch),
                         ("r", r)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, (int, float)) or gpu_memory_gb <= 0:
         raise ValueError(f"gpu_memory_gb must be a positive number, got {gpu_memory_gb!r}")
     if not isinstance(tokens, (int, float)) or tokens <= 0:

@@ -20,10 +20,9 @@ no optimizer states) and dequantizing it inside a custom autograd function, in f
 again in backward — so the full-precision weight is never kept alive for backward (a plain
 ``F.linear(x, dequantize())`` would save a 16/32-bit copy of every weight as an activation).
 
-Why hand-written: torchao 0.18 (3.4 MB wheel, no required dependencies) has an ``NF4Tensor``
-that ran on this CPU with torch 2.13, but its import took ~12 s and printed warnings about CUDA
-kernels it could not load; bitsandbytes (43 MB wheel) has only partial CPU support. The codes
-and the packing below are the whole idea and fit in one screen; the tests bound their error.
+Hand-written rather than torchao's ``NF4Tensor`` or bitsandbytes: their CPU support is slow to
+import or partial, and the codes and the packing below are the whole idea in one screen; the
+tests bound their error.
 """
 from __future__ import annotations
 
@@ -34,6 +33,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from course_lib.common.checks import is_int
 
 __all__ = ["NF4_CODES", "INT4_CODES", "QuantizedWeight", "quantize_int8", "quantize_4bit",
            "quantize", "stored_bytes", "formula_bytes", "error_bound", "QuantLinear",
@@ -90,7 +91,7 @@ def quantize_4bit(w: torch.Tensor, kind: str = "nf4", block: int = 64) -> Quanti
     _check_weight(w)
     if kind not in _CODES:
         raise ValueError(f"4-bit kind must be one of {tuple(_CODES)}, got {kind!r}")
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 2:
+    if not is_int(block) or block <= 0 or block % 2:
         raise ValueError(f"block must be a positive even integer, got {block!r}")
     flat = w.detach().float().flatten()
     pad = -flat.numel() % block                       # pad the last block with zeros

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.common.checks import is_int
+
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 
@@ -79,7 +81,7 @@ def plan(nprocs: int, backend: str | None = None, device: str | None = None,
     Raises ``ValueError`` (or ``RuntimeError`` for CUDA without GPUs) with a message that says
     what to change. Nothing is started here.
     """
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+    if not is_int(nprocs):
         raise TypeError(f"nprocs must be an int, got {type(nprocs).__name__}")
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")

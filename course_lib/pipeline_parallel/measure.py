@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
@@ -173,10 +174,8 @@ def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
     (:class:`StepBudget`).
     """
     config = get_config(config)
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    positive_int(micro_batch, "micro_batch")
+    positive_int(steps, "steps")
     check_pipeline(config, p, m, None, schedule)
     per_rank = run(pipeline_rank, p, config, schedule, m, m * micro_batch, seed, steps, 1, grads,
                    timeout=timeout, threads=1)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig
 
 __all__ = ["Stage", "check_pipeline", "schedule_ops", "SCHEDULES", "StageTrace", "run_schedule"]
@@ -38,8 +39,7 @@ def check_pipeline(config: GPTConfig, p: int, m: int, batch: int | None = None,
                    schedule: str = "gpipe") -> None:
     """Raise ``ValueError`` for a pipeline that cannot be built (before any process starts)."""
     for name, value in (("p (stages)", p), ("m (micro-batches)", m), ("batch", 1 if batch is None else batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, f"{name}")
     if config.n_layer % p:
         raise ValueError(f"p={p} stages do not divide n_layer={config.n_layer}: every stage "
                          f"must get the same number of blocks")

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.memory.report import MemoryReport
 from course_lib.sharding.rank_measure import measure_rank
@@ -62,7 +63,7 @@ def measure_fake(config: GPTConfig | str, batch: tuple[int, int], *, nprocs: int
                          "seq_len), not a module: a built module has already allocated its memory")
     config = get_config(config)
     ranks = list(range(nprocs)) if ranks is None else list(ranks)
-    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < nprocs]
+    bad = [r for r in ranks if not is_int(r) or not 0 <= r < nprocs]
     if bad or not ranks:
         raise ValueError(f"ranks must be a non-empty list of ranks in [0, {nprocs}), got {ranks!r}")
     reports = []

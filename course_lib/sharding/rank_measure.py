@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.nn.parallel import DistributedDataParallel
 
+from course_lib.common.checks import is_int, positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.memory.report import MemoryReport
 from course_lib.memory.tracker import GlobalMemTracker, tracked_steps
@@ -38,14 +39,13 @@ def check_request(model_or_config: object, batch: object, strategy: str, nprocs:
                   optimizer: str, precision: str, iterations: int = 2) -> None:
     """Validate a request with clear messages, before any process starts."""
     validate_strategy(strategy, precision, optimizer)
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"nprocs must be a positive integer, got {nprocs!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
+    positive_int(nprocs, "nprocs")
+    if not is_int(iterations) or iterations < 2:
         raise ValueError("iterations must be an integer >= 2: optimizer states appear in the first step")
     if isinstance(model_or_config, (GPTConfig, str)):
         config = get_config(model_or_config)
         ok = (isinstance(batch, tuple) and len(batch) == 2
-              and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in batch))
+              and all(is_int(n) and n > 0 for n in batch))
         if not ok:
             raise ValueError(f"with a config, batch must be (batch_size, seq_len) per rank, got {batch!r}")
         if batch[1] > config.seq_len:

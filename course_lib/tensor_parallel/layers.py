@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.checks import positive_int
 from course_lib.common.models import Block, GPT, GPTConfig
 
 __all__ = ["CommLog", "copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
@@ -95,8 +96,7 @@ def reduce_from_tp(x: torch.Tensor, group=None, log: CommLog | None = None) -> t
 
 def check_tp_degree(config: GPTConfig, t: int) -> None:
     """Raise ``ValueError`` unless ``t`` ranks can split the heads (and so the MLP) evenly."""
-    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-        raise ValueError(f"tensor-parallel degree must be a positive integer, got {t!r}")
+    positive_int(t, "tensor-parallel degree")
     if config.n_head % t:
         raise ValueError(f"n_head={config.n_head} is not divisible by the tensor-parallel degree "
                          f"t={t}: every rank must own the same number of whole heads")

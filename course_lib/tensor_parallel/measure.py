@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import Block, GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
@@ -152,8 +153,7 @@ def measure_tp(t: int = 2, impl: str = "hand", config: GPTConfig | str = TP_CONF
     check_tp_degree(config, t)
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    positive_int(batch, "batch")
     return run(tp_block_rank, t, config, impl, batch, seed, timeout=timeout, threads=1)
 
 
@@ -198,6 +198,5 @@ def measure_tp_model(t: int = 2, config: GPTConfig | str = "small", batch: int =
     """Run :func:`tp_gpt_rank` on ``t`` ranks; bad requests fail before any process starts."""
     config = get_config(config)
     check_tp_degree(config, t)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    positive_int(batch, "batch")
     return run(tp_gpt_rank, t, config, batch, seed, timeout=timeout, threads=1)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.checks import positive_int
 from course_lib.common.models import Block, GPTConfig, get_config
 from course_lib.launcher.launch import run
 from course_lib.tensor_parallel.layers import check_tp_degree, qkv_rows
@@ -221,8 +222,7 @@ class MegatronLayout:
 
 
 def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int(value, f"{name}")
     return value
 
 

@@ -12,10 +12,8 @@ import pytest
 
 from course_lib.launcher import launch
 from course_lib.launcher.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
+from course_lib.launcher import torchrun as tr  # the module; course_lib.torchrun is the function
 from processes import wait_gone
-
-# course_lib.torchrun is the function (the course's API); its module is reached through sys.modules
-tr = sys.modules["course_lib.torchrun"]
 
 
 def test_a_module_runs_on_every_rank_with_prefixed_output(capsys):
