@@ -24,7 +24,7 @@ __all__ = ["VOCAB_SIZE", "CORPUS_PATH", "make_corpus", "write_corpus", "load_cor
            "decode", "get_batch"]
 
 VOCAB_SIZE = 256
-CORPUS_PATH = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
+CORPUS_PATH = Path(__file__).resolve().parents[2] / "data" / "corpus.txt"
 _SPLITS = ("train", "val")
 _VAL_FRACTION = 0.1
 

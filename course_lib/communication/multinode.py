@@ -33,7 +33,7 @@ __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_n
            "run_two_nodes_netns"]
 
 #: The chapter's worker script (runs as ``python SCRIPT`` or under torchrun).
-SCRIPT = str(Path(__file__).with_name("scripts") / "train_ddp.py")
+SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_ddp.py")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""Chapter 5's figures: bus bandwidth against size, the α-β fit, DDP scaling.
+"""Chapter 5's figures and widget: bus bandwidth, the α-β fit, DDP scaling, what-if.
 
-Each function takes the measured rows (never recomputes them) and returns the matplotlib
-figure, small enough to keep the stored notebook light (7 x 3.5 inches at 80 dpi).
+Figures take the measured rows (never recompute them); :func:`whatif_widget` puts sliders in
+front of :func:`course_lib.communication.whatif.whatif_table`.
 """
 from __future__ import annotations
 

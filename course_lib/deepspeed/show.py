@@ -1,10 +1,8 @@
-"""Chapter 08's tables, widget and exercise check for DeepSpeed ZeRO memory.
+"""Chapter 08's tables and widget for DeepSpeed ZeRO memory.
 
 Everything here *reads* results of :func:`course_lib.deepspeed.engine.run_zero_stages` (measured
-by :func:`course_lib.deepspeed.census.census`) and puts them next to the course's prediction
-(:func:`~course_lib.deepspeed.census.predict_deepspeed`), DeepSpeed's own estimators
-(:func:`~course_lib.deepspeed.census.deepspeed_estimate`) and torch's strategies measured by
-chapter 3's instrument. Used by ``08_deepspeed_and_megatron``.
+by :func:`course_lib.deepspeed.census.census`) and puts them next to the course's prediction,
+DeepSpeed's own estimators and torch's strategies measured by chapter 3's instrument.
 """
 from __future__ import annotations
 

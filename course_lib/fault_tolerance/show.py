@@ -1,7 +1,8 @@
-"""Chapter 6's figures: checkpoint cost against size, lost time against checkpoint interval.
+"""Chapter 6's figures and widget: checkpoint cost against size, lost time against interval.
 
-Each function takes measured rows or plain numbers and returns a matplotlib figure sized for a
-light notebook (7 x 3.5 inches at 80 dpi).
+Figures take measured rows or plain numbers; :func:`show_interval` prints
+:func:`course_lib.fault_tolerance.interval.interval_summary` and draws :func:`plot_waste`;
+:func:`interval_widget` puts inputs in front of it.
 """
 from __future__ import annotations
 

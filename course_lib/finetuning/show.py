@@ -1,10 +1,8 @@
-"""An ipywidgets front-end over :func:`course_lib.finetuning.planner.plan` (chapter 7, ``07_before_you_distribute``).
+"""Chapter 7's widget over :func:`course_lib.finetuning.planner.plan` (tests call ``plan``).
 
-The widget only collects inputs and prints the plan; tests call :func:`course_lib.finetuning.planner.plan`.
-Each widget keeps its own cache of fake-tensor measurements, so going back to a setting you have
-already seen answers at once. A new setting costs fake-tensor runs, priced per operator (not per
-byte): the tiny preset ~5-10 s on 2 CPU cores (~20 s for the very first call of a kernel, while
-torch warms up its fake kernels); ``gpt-7b`` measures 1-3-layer slices: ~10-30 s.
+Each widget keeps its own cache of fake-tensor measurements, so a setting seen before answers at
+once; a new one costs fake-tensor runs (seconds for the tiny preset, tens of seconds for
+``gpt-7b``'s layer slices).
 """
 from __future__ import annotations
 

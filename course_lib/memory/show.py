@@ -1,9 +1,8 @@
-"""Every matplotlib figure the notebooks show, one small function per figure.
+"""Chapter 1's figures and widget: what is alive, measured against predicted, over time.
 
-Figures are small (7×3.5 in at 80 dpi) so that stored notebook outputs stay light. Each function
-returns the ``Figure``; in a notebook assign it (``fig = plot_...``) and the inline backend shows
-it once. Chapter 1 (``01_training_memory``): :func:`plot_stacked`, :func:`plot_measured_vs_predicted`,
-:func:`plot_timeline`, :func:`plot_scaling`.
+Each figure function returns the ``Figure`` (in a notebook assign it, ``fig = plot_...``, and
+the inline backend shows it once). :func:`memory_explorer` (tests call it) measures one training
+step of a preset and predicts it; :func:`memory_widget` puts dropdowns in front of it.
 """
 from __future__ import annotations
 

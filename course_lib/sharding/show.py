@@ -1,9 +1,11 @@
-"""Figures of chapter 3 (``03_sharding_zero_fsdp``): per-rank bytes, measured next to the formula.
+"""Chapter 3's figures, tables and widget: per-rank bytes, measured next to the formula.
 
-Every function takes measurements (:class:`~course_lib.memory.report.MemoryReport` lists from
+Figures take measurements (:class:`~course_lib.memory.report.MemoryReport` lists from
 :func:`course_lib.sharding.measure.measure_distributed`) and formula rows
-(:func:`course_lib.sharding.formulas.per_rank_bytes`) and returns a matplotlib ``Figure`` (small: the notebook
-stores them). Solid bars are measured, hatched bars are the formula.
+(:func:`course_lib.sharding.formulas.per_rank_bytes`): solid bars measured, hatched the formula.
+:func:`sharding_explorer` (tests call it) runs strategy × world size × model × precision;
+:func:`sharding_widget` puts ipywidgets in front of it; :func:`load_fake_7b` and
+:func:`fit_table` read the stored fake-tensor 7B measurement.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed 
     return fig
 
 
-FAKE_7B_PATH = Path(__file__).resolve().parent.parent / "data" / "sharding_7b.json"
+FAKE_7B_PATH = Path(__file__).resolve().parents[2] / "data" / "sharding_7b.json"
 _KEYS = ("params", "grads", "optimizer", "model_states", "unsharded_params", "model_states_fwd")
 
 
