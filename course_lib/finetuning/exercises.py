@@ -1,7 +1,7 @@
 """Checks for the exercises of chapter 7 (``07_before_you_distribute``).
 
 Each check computes its expected value from the course's own functions (never printed) and
-returns a :class:`course_lib.exercises.Feedback`; ``tests/test_planner.py`` calls them with a
+returns a :class:`course_lib.exercises.Feedback`; ``tests/finetuning/test_planner.py`` calls them with a
 wrong answer and with the solution.
 """
 from __future__ import annotations

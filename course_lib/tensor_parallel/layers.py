@@ -15,7 +15,7 @@ linear); ``g`` = all-reduce forward, identity backward (after a row-parallel lin
 Per block: 2 all-reduces of ``b·s·h`` elements in forward (two g) and 2 in backward (two f).
 
 :func:`dtensor_block` builds the same split with ``torch.distributed.tensor.parallel``; both are
-checked against the dense :class:`course_lib.common.models.Block` in ``tests/test_tensor_parallel.py``.
+checked against the dense :class:`course_lib.common.models.Block` in ``tests/tensor_parallel/test_tensor_parallel.py``.
 """
 from __future__ import annotations
 

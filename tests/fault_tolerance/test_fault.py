@@ -109,7 +109,7 @@ def test_torchrun_restarts_lose_nothing(tmp_path):
     # one torchrun trial (each attempt costs seconds of process start-up): a rank dies in the
     # middle of a save. Kills, raises and outside SIGKILLs under torchrun are exercised by the
     # 20-trial harness (benchmarks/fault_harness.py) and, through course_lib.run, by
-    # tests/test_checkpoint.py.
+    # tests/fault_tolerance/test_checkpoint.py.
     plans = [[("save", rng.randrange(2), rng.choice([2, 4]))]]
     for plan in plans:
         result = harness.run_trial(plan, ref, steps=steps, every=every, workdir=str(tmp_path))

@@ -1,6 +1,6 @@
 """ZeRO formulas (course_lib.zero): the paper's numbers, and the exact per-rank bytes from shapes.
 
-Measurements are compared with these formulas in tests/test_distributed_memory.py; here the
+Measurements are compared with these formulas in tests/sharding/test_distributed_memory.py; here the
 formulas are checked against independent arithmetic and against torch's own sharding rules.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_zero1_assignment_replicates_torch_greedy_partition():
     shapes = [(3,), (10,), (10,), (4,)]
     assert zero.zero1_assignment(shapes, 2) == [[1, 3], [2, 0]]
     assert zero.zero1_assignment(shapes, 4) == [[1], [2], [3], [0]]
-    # Against ZeroRedundancyOptimizer itself: tests/test_distributed_memory.py measures the
+    # Against ZeroRedundancyOptimizer itself: tests/sharding/test_distributed_memory.py measures the
     # optimizer bytes of every rank and compares them with this assignment.
 
 

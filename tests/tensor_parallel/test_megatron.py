@@ -14,7 +14,7 @@ from course_lib.tensor_parallel.megatron import (FLAG_CHAPTERS, compare_megatron
 
 # fp32; the sums over heads / hidden units are split across ranks and re-added by all-reduce, so
 # they round differently from the dense block: observed <= 4.8e-7 on O(1) outputs and <= 3e-9 on
-# gradients of size ~1e-3 (the same tolerances as tests/test_tensor_parallel.py).
+# gradients of size ~1e-3 (the same tolerances as tests/tensor_parallel/test_tensor_parallel.py).
 OUT_TOL = dict(rtol=1e-5, atol=1e-6)
 GRAD_TOL = dict(rtol=1e-4, atol=1e-7)
 # Megatron-core vs the hand-written block: the same shards, matmuls and all-reduces in the same
