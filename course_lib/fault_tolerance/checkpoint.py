@@ -46,7 +46,7 @@ __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_chec
            "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
 
 MANIFEST = "manifest.json"
-FORMAT = "course_lib.fault_tolerance.checkpoint/1"
+FORMAT = "course_lib.checkpoint/1"  # a data format name, not a module path: keep it
 _COMMITTED = re.compile(r"^step_(\d{6,})$")
 
 
