@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
-from course_lib.models import get_config
-from course_lib.planner import ADAPTER_METHODS, FULL_STRATEGIES, measure_method, plan
+from course_lib.common.models import get_config
+from course_lib.finetuning.planner import ADAPTER_METHODS, FULL_STRATEGIES, measure_method, plan
 
 
 def main(preset: str = "gpt-7b", methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS) -> None:

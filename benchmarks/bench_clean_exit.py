@@ -17,8 +17,8 @@ import time
 from collections import Counter
 
 from course_lib import run
-from course_lib.exit_codes import ddp_step, fsdp_step
-from course_lib.launch import RunReport
+from course_lib.launcher.exit_codes import ddp_step, fsdp_step
+from course_lib.launcher.launch import RunReport
 
 
 def main() -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from course_lib.alphabeta import fit_errors, fit_per_world, points_of
-from course_lib.comm import (COLLECTIVES, benchmark_collectives, format_table, memcopy_bandwidth,
-                             power_sizes, size_label)
-from course_lib.ring import compare_ring
+from course_lib.communication.alphabeta import fit_errors, fit_per_world, points_of
+from course_lib.communication.benchmark import (COLLECTIVES, benchmark_collectives, format_table,
+                                                memcopy_bandwidth, power_sizes, size_label)
+from course_lib.communication.ring import compare_ring
 
 
 def main() -> None:

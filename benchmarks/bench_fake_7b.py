@@ -7,7 +7,7 @@ Each configuration is one fake run of rank 0 (:func:`course_lib.measure_distribu
 ``fake=True, ranks=[0]``): the trackers see every allocation of a real rank without allocating.
 A fake 7B run takes ~0.5-2 CPU-minutes (every operator still goes through FakeTensorMode, DTensor
 and the tracker in Python), too slow for the notebook, which loads this file instead
-(:func:`course_lib.sharding_widget.load_fake_7b`) and runs the same code live on a smaller model.
+(:func:`course_lib.sharding.show.load_fake_7b`) and runs the same code live on a smaller model.
 Prints the seconds each configuration took.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ OUT = Path(__file__).resolve().parent.parent / "data" / "sharding_7b.json"
 
 def one(job: tuple[str, str, int, int, int]) -> dict:
     strategy, precision, world, batch, seq = job
-    from course_lib.distributed_memory import measure_distributed
+    from course_lib.sharding.measure import measure_distributed
     start = time.perf_counter()
     report = measure_distributed("gpt-7b", (batch, seq), strategy=strategy, nprocs=world,
                                  precision=precision, fake=True, ranks=[0])[0]

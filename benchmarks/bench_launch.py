@@ -25,12 +25,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.launch import RunReport, run, warm_up
-from course_lib.torchrun import torchrun
+from course_lib.launcher.launch import RunReport, run, warm_up
+from course_lib.launcher.torchrun import torchrun
 
 SCRIPT = """
 import torch, torch.distributed as dist
-from course_lib.torchrun import init_distributed
+from course_lib.launcher.torchrun import init_distributed
 init_distributed()
 t = torch.ones(1)
 dist.all_reduce(t)

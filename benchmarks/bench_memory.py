@@ -12,10 +12,10 @@ import resource
 import statistics
 import time
 
-from course_lib import predict
-from course_lib.memory import measure_step
-from course_lib.memory_report import format_bytes
-from course_lib.widgets import memory_explorer
+from course_lib.memory import predict
+from course_lib.memory.tracker import measure_step
+from course_lib.memory.report import format_bytes
+from course_lib.memory.show import memory_explorer
 
 KEYS = ("params", "grads", "optimizer", "activations", "peak")
 BATCHES = {"tiny": (8, 64), "small": (4, 128), "medium": (2, 256), "gpt-7b": (1, 2048)}

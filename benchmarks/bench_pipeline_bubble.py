@@ -10,7 +10,7 @@ comparison, so it lives here and not in the unit tests.
 import sys
 import time
 
-from course_lib.pipeline_measure import bubble_formula, measure_pipeline
+from course_lib.pipeline_parallel.measure import bubble_formula, measure_pipeline
 
 
 def main(launches: int = 10) -> None:

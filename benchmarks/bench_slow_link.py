@@ -19,8 +19,8 @@ import os
 import sys
 
 from course_lib import LinkSweepUnavailable, link_sweep
-from course_lib.link_sweep import DEFAULT_SIZES
-from course_lib.models import mlp_param_count
+from course_lib.communication.link_sweep import DEFAULT_SIZES
+from course_lib.common.models import mlp_param_count
 
 
 def main() -> None:

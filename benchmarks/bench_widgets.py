@@ -28,32 +28,33 @@ def _timed(fn: Callable[[], object], repeats: int = 2) -> list[float]:
 
 def _cases() -> dict[str, Callable[[], list[float]]]:
     def memory():
-        from course_lib.widgets import memory_widget
+        from course_lib.memory.show import memory_widget
         return _timed(memory_widget)
 
     def dp():
-        from course_lib.dp_explore import dp_widget
+        from course_lib.data_parallel.show import dp_widget
         return _timed(dp_widget)
 
     def sharding():
-        from course_lib.sharding_widget import sharding_widget
+        from course_lib.sharding.show import sharding_widget
         return _timed(sharding_widget)
 
     def pipeline():
-        from course_lib.model_parallel_widgets import pipeline_widget, tp_widget
+        from course_lib.pipeline_parallel.show import pipeline_widget
+        from course_lib.tensor_parallel.show import tp_widget
         return _timed(pipeline_widget) + _timed(tp_widget)
 
     def whatif():
-        from course_lib.whatif import whatif_widget
+        from course_lib.communication.show import whatif_widget
         return _timed(whatif_widget)
 
     def interval():
-        from course_lib.fault_widgets import interval_widget
+        from course_lib.fault_tolerance.show import interval_widget
         return _timed(interval_widget)
 
     def planner():
-        from course_lib.planner import plan
-        from course_lib.planner_widgets import planner_widget
+        from course_lib.finetuning.planner import plan
+        from course_lib.finetuning.show import planner_widget
         cache: dict = {}
         plan("gpt-7b", gpu_memory_gb=80, n_gpus=8, seq_len=2048, cache=cache)  # the cell above
         default = _timed(lambda: planner_widget(model="gpt-7b", gpu_memory_gb=80, n_gpus=8,
@@ -67,8 +68,8 @@ def _cases() -> dict[str, Callable[[], list[float]]]:
         return default
 
     def deepspeed():
-        from course_lib.deepspeed_report import deepspeed_widget
-        from course_lib.deepspeed_zero import run_zero_stages
+        from course_lib.deepspeed.show import deepspeed_widget
+        from course_lib.deepspeed.engine import run_zero_stages
         result = run_zero_stages(nprocs=2, steps=3)  # the cell above
         return _timed(lambda: deepspeed_widget(result))
 

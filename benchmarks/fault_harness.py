@@ -34,8 +34,8 @@ import psutil
 import torch
 
 from course_lib import TorchrunError, run, torchrun
-from course_lib.checkpoint import latest_checkpoint
-from course_lib.fault_training import FAULTS_ENV, Fault, format_faults, train
+from course_lib.fault_tolerance.checkpoint import latest_checkpoint
+from course_lib.fault_tolerance.training import FAULTS_ENV, Fault, format_faults, train
 
 SCRIPT = "course_lib.scripts.train_ft"
 

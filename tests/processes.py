@@ -34,8 +34,8 @@ def rank_processes() -> list[psutil.Process]:
             cmd = " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if "course_lib._warm import serve" in cmd and child.ppid() == os.getpid():
+        if "course_lib.launcher._warm import serve" in cmd and child.ppid() == os.getpid():
             found += child.children(recursive=True)  # ranks under the server
-        elif "course_lib._warm" not in cmd:
+        elif "course_lib.launcher._warm" not in cmd:
             found.append(child)
     return found

@@ -14,7 +14,7 @@ or alone, as a plain process (world size 1):  python -m course_lib.scripts.hello
 import torch
 import torch.distributed as dist
 
-from course_lib.torchrun import init_distributed
+from course_lib.launcher.torchrun import init_distributed
 
 
 def main() -> float:

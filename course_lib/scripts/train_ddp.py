@@ -20,7 +20,7 @@ Run it (any free port instead of 29400; each torchrun line of a multi-node run i
         --rdzv-endpoint=127.0.0.1:29400 --rdzv-conf=is_host=0 --local-addr=127.0.0.1 \
         course_lib/scripts/train_ddp.py --out /tmp/two.pt
 
-From Python: ``course_lib.multinode.run_two_nodes()`` builds and runs those two command lines.
+From Python: ``course_lib.communication.multinode.run_two_nodes()`` builds and runs those two command lines.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.models import MLP
-from course_lib.torchrun import init_distributed
+from course_lib.common.models import MLP
+from course_lib.launcher.torchrun import init_distributed
 
 
 def make_batch(step: int, global_batch: int, sizes: list[int], seed: int

@@ -1,6 +1,6 @@
 r"""Train the course GPT with DeepSpeed from a JSON config — as practitioners launch it.
 
-Write the config (chapter 08 prints one: ``course_lib.deepspeed_zero.deepspeed_config(2)``) to
+Write the config (chapter 08 prints one: ``course_lib.deepspeed.engine.deepspeed_config(2)``) to
 ``ds_config.json`` and run, on one machine with 2 processes, either launcher:
 
     deepspeed --num_gpus 2 course_lib/scripts/train_deepspeed.py \
@@ -25,10 +25,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from course_lib.data import get_batch
-from course_lib.deepspeed_zero import load_deepspeed
-from course_lib.models import GPT, get_config
-from course_lib.torchrun import _exit_without_finalizing, init_distributed
+from course_lib.common.data import get_batch
+from course_lib.deepspeed.load import load_deepspeed
+from course_lib.common.models import GPT, get_config
+from course_lib.launcher.torchrun import _exit_without_finalizing, init_distributed
 
 
 def join() -> tuple[int, int]:

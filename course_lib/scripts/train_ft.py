@@ -17,7 +17,7 @@ on two machines (type on both; HEAD is the first machine's address; the checkpoi
 must be on a shared file system):
 
     torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 \
-        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /shared/ft --out /shared/ft.pt
+        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /mnt/ckpt/ft --out /mnt/ckpt/ft.pt
 
 or alone, as a plain process (world size 1):  python -m course_lib.scripts.train_ft --steps 4
 
@@ -31,8 +31,8 @@ import os
 
 import torch
 
-from course_lib.fault_training import FAULTS_ENV, parse_faults, train
-from course_lib.torchrun import init_distributed
+from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults, train
+from course_lib.launcher.torchrun import init_distributed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,200 @@
+"""Collective benchmarks in the style of nccl-tests: time, algbw and busbw (chapter 5).
+
+Chapter 5 (``05_communication_and_scaling``) asks why doubling the GPUs does not double the
+speed. The first answer is a measurement: how long does a collective take on this machine?
+
+For each collective and message size ``S`` (bytes) every rank runs the operation ``iters`` times
+back to back; the time per operation is averaged over the ranks (nccl-tests' default, ``-a 1``).
+Then, with the definitions of nccl-tests (``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests):
+
+* ``algbw = S / t`` — the bandwidth the *application* sees;
+* ``busbw = algbw * factor`` — what each rank's link carried, comparable across collectives
+  and world sizes ``n`` and to the hardware's peak: ``factor`` is ``2(n-1)/n`` for all-reduce
+  (a ring sends every byte out twice: reduce-scatter then all-gather), ``(n-1)/n`` for
+  all-gather and reduce-scatter, and ``1`` for broadcast.
+
+``S`` is the size of the full buffer: the all-reduce/broadcast tensor, the all-gather *output*
+and the reduce-scatter *input* (each rank holds ``S/n`` of it), as nccl-tests prints it.
+:func:`memcopy_bandwidth` measures one process copying memory: no transfer between processes can
+beat it on one machine, so it is the ceiling to read busbw against.
+
+Runs with gloo on CPU here; with NCCL on GPUs through :func:`course_lib.run`'s auto-detection.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from course_lib.common.checks import is_int
+from course_lib.launcher import devices
+from course_lib.launcher.launch import run
+
+__all__ = ["COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
+           "memcopy_bandwidth", "format_table", "size_label", "power_sizes", "validate_request"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+#: Interactive defaults: five sizes from 1 KiB to 16 MiB (a couple of seconds on 2 ranks).
+DEFAULT_SIZES = (2**10, 2**14, 2**18, 2**22, 2**24)
+_ELEMENT = 4  # bytes per float32 element
+
+
+def busbw_factor(collective: str, world: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
+    validate_request([collective], [1], world, min_world=1)
+    if collective == "all_reduce":
+        return 2 * (world - 1) / world
+    if collective in ("all_gather", "reduce_scatter"):
+        return (world - 1) / world
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    """One measured point: ``collective`` on ``world`` ranks moving a ``size_bytes`` buffer."""
+
+    collective: str
+    world: int
+    size_bytes: int
+    seconds: float  # mean time per operation (mean over ranks of each rank's average)
+    iters: int
+    backend: str
+
+    @property
+    def algbw(self) -> float:
+        """Algorithm bandwidth in GB/s (1 GB = 1e9 bytes, as nccl-tests)."""
+        return self.size_bytes / self.seconds / 1e9
+
+    @property
+    def busbw(self) -> float:
+        """Bus bandwidth in GB/s: algbw times :func:`busbw_factor`."""
+        return self.algbw * busbw_factor(self.collective, self.world)
+
+
+def size_label(nbytes: int) -> str:
+    """``1048576`` -> ``'1 MiB'``: the power-of-two unit that keeps the number small."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def power_sizes(smallest: int = 2**10, largest: int = 2**28, step: int = 4) -> list[int]:
+    """Sizes ``smallest, smallest*step, ...`` up to ``largest`` (nccl-tests' ``-b -e -f``)."""
+    if smallest <= 0 or largest < smallest or step < 2:
+        raise ValueError(f"need 0 < smallest <= largest and step >= 2, got "
+                         f"{smallest}, {largest}, {step}")
+    sizes = [smallest]
+    while sizes[-1] * step <= largest:
+        sizes.append(sizes[-1] * step)
+    return sizes
+
+
+def validate_request(collectives: Iterable[str], sizes: Iterable[int], world: int,
+                     min_world: int = 2) -> None:
+    """Raise ``ValueError`` for an unknown collective, a size <= 0 or too few ranks."""
+    for name in collectives:
+        if name not in COLLECTIVES:
+            raise ValueError(f"unknown collective {name!r}; choose from {COLLECTIVES}")
+    for size in sizes:
+        if not is_int(size) or size <= 0:
+            raise ValueError(f"message sizes must be positive integers (bytes), got {size!r}")
+    if not is_int(world) or world < min_world:
+        raise ValueError(f"world size must be an integer >= {min_world}, got {world!r}")
+
+
+def _iters_for(size: int) -> int:
+    """Fewer repetitions for big messages: 20 up to 2 MiB, then fewer, 2 from 32 MiB on."""
+    return max(2, min(20, 2**26 // max(size, 1)))
+
+
+def _bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | None,
+                warmup: int) -> list[tuple[str, int, float, int]]:
+    """Executed on every rank: time each (collective, size); return (name, bytes, s, iters)."""
+    world = dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    results = []
+    for name in collectives:
+        for size in sizes:
+            count = max(size // _ELEMENT, 1)
+            if name in ("all_gather", "reduce_scatter"):
+                count = max(world, count - count % world)  # each rank holds count / world
+            full = torch.ones(count, device=device)
+            part = torch.ones(count // world, device=device)
+            op = {"all_reduce": lambda: dist.all_reduce(full),
+                  "all_gather": lambda: gather(full, part),
+                  "reduce_scatter": lambda: scatter(part, full),
+                  "broadcast": lambda: dist.broadcast(full, src=0)}[name]
+            n = iters or _iters_for(size)
+            for _ in range(warmup):
+                op()
+            sync()
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(n):
+                op()
+            sync()
+            mine = torch.tensor([(time.perf_counter() - start) / n], dtype=torch.float64,
+                                device=device)
+            dist.all_reduce(mine)  # sum of the ranks' times; divided by world below
+            results.append((name, count * _ELEMENT, mine.item() / world, n))
+    return results
+
+
+def benchmark_collectives(collectives: Sequence[str] = COLLECTIVES,
+                          sizes: Sequence[int] = DEFAULT_SIZES, world: int = 2,
+                          iters: int | None = None, warmup: int = 1,
+                          timeout: float = 300.0) -> list[CollectiveResult]:
+    """Measure each collective at each size on ``world`` real processes.
+
+    ``iters=None`` picks fewer repetitions for larger messages (see ``_iters_for``). Bad input
+    fails here, before any process starts.
+    """
+    collectives, sizes = list(collectives), list(sizes)
+    validate_request(collectives, sizes, world)
+    if iters is not None and (not is_int(iters) or iters < 1):
+        raise ValueError(f"iters must be a positive integer or None, got {iters!r}")
+    backend = devices.plan(world).backend
+    per_rank = run(_bench_rank, world, collectives, sizes, iters, warmup, timeout=timeout)
+    return [CollectiveResult(name, world, nbytes, seconds, n, backend)
+            for name, nbytes, seconds, n in per_rank[0]]
+
+
+def memcopy_bandwidth(size_bytes: int = 2**28, repeats: int = 5) -> float:
+    """GB/s of ``dst.copy_(src)`` in this one process (bytes copied / time, best of repeats).
+
+    No transfer between two processes on the same machine moves bytes faster than one process
+    copies them, so this is the ceiling for gloo's busbw here (86-106 GB/s for sizes that fit in
+    cache, ~20 GB/s from main memory on the course's 2-core machine).
+    """
+    if size_bytes <= 0 or repeats < 1:
+        raise ValueError(f"need size_bytes > 0 and repeats >= 1, got {size_bytes}, {repeats}")
+    src = torch.ones(max(size_bytes // _ELEMENT, 1))
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages once
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return src.numel() * _ELEMENT / min(times) / 1e9
+
+
+def format_table(rows: Sequence[CollectiveResult], ceiling_gbps: float | None = None) -> str:
+    """The rows as an nccl-tests-like text table (one line per point)."""
+    lines = [f"{'collective':<15}{'ranks':>6}{'size':>11}{'time':>12}{'algbw':>12}{'busbw':>12}",
+             f"{'':<15}{'':>6}{'':>11}{'(ms)':>12}{'(GB/s)':>12}{'(GB/s)':>12}"]
+    for row in rows:
+        lines.append(f"{row.collective:<15}{row.world:>6}{size_label(row.size_bytes):>11}"
+                     f"{row.seconds * 1e3:>12.3f}{row.algbw:>12.4f}{row.busbw:>12.4f}")
+    if ceiling_gbps is not None:
+        lines.append(f"ceiling: one process copies memory at {ceiling_gbps:.1f} GB/s")
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""Beyond one machine: two torchrun agents as two "nodes", on loopback or behind a slow link.
+
+Chapter 5 runs :mod:`course_lib.scripts.train_ddp` — a script that runs unchanged under one
+process or torchrun — the way a cluster does: one torchrun agent per node, ``--nnodes 2
+--node-rank 0/1``, meeting at a c10d rendezvous on node 0. Here both "nodes" are on this
+machine: on the loopback interface (127.0.0.1, a free port picked by the OS), or — where root
+may create network namespaces — in two namespaces joined by a veth pair (10.99.0.1 and
+10.99.0.2, addresses that exist only inside them), where ``tc`` can throttle the link to show a
+slow interconnect stretching every step.
+
+Each agent runs under :mod:`course_lib.launcher._reaper`, so a timeout or an error leaves no process
+behind; the namespaces are deleted on the way out, whatever happens.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from course_lib.common.checks import is_int
+from course_lib.launcher.torchrun import torchrun_command
+
+__all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
+           "run_single", "reference_params", "netns_available", "two_namespaces",
+           "run_two_nodes_netns"]
+
+#: The chapter's worker script (runs as ``python SCRIPT`` or under torchrun).
+SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_ddp.py")
+
+
+@dataclass(frozen=True)
+class NodesResult:
+    """Output of each node (agent and its workers, torchrun-prefixed) and the wall time."""
+
+    commands: list[list[str]]
+    outputs: list[str]
+    seconds: float
+
+
+def reference_params(args: Sequence[str] = (), script: str = SCRIPT) -> dict:
+    """The parameters one plain process (no DDP) reaches with the script's ``args``: the
+    script's own ``train_reference``, run here, in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_lib_train_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    opts = module.parse_args([str(a) for a in args])
+    return module.train_reference(opts.sizes, opts.global_batch, opts.steps, opts.lr, opts.seed)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free on ``host`` right now (never a hard-coded one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str], port: int,
+                      addrs: tuple[str, str] = ("127.0.0.1", "127.0.0.1")) -> list[list[str]]:
+    """The torchrun argv of node 0 and node 1; node 0 (at ``addrs[0]``) hosts the rendezvous."""
+    commands = []
+    for node, addr in enumerate(addrs):
+        cmd = torchrun_command(script, nprocs_per_node, args, nnodes=2, node_rank=node,
+                               endpoint=f"{addrs[0]}:{port}")
+        at = cmd.index(script)
+        extra = [f"--rdzv-conf=is_host={int(node == 0)}"]  # who hosts the store, explicitly
+        if addr != "127.0.0.1":
+            extra.append(f"--local-addr={addr}")
+        commands.append(cmd[:at] + extra + cmd[at:])
+    return commands
+
+
+def _launch(argv: list[str], env: dict, prefix: Sequence[str] = ()) -> subprocess.Popen:
+    return subprocess.Popen([*prefix, sys.executable, "-m", "course_lib.launcher._reaper", *argv],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=env)
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Read every process's output (threads: no pipe fills up) until all exit or time is up."""
+    chunks: list[list[bytes]] = [[] for _ in procs]
+    readers = [threading.Thread(target=lambda p=p, c=c: c.extend(iter(p.stdout.readline, b"")),
+                                daemon=True) for p, c in zip(procs, chunks)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the nodes did not finish within {timeout:g} s; all their "
+                           "processes were stopped") from None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # the reaper kills its whole tree on SIGTERM
+                proc.terminate()
+                proc.wait(10)
+            proc.stdin.close()
+        for reader in readers:
+            reader.join(5)
+    return [b"".join(c).decode("utf-8", "replace") for c in chunks]
+
+
+def _check(procs: list[subprocess.Popen], outputs: list[str], what: str) -> None:
+    for node, (proc, text) in enumerate(zip(procs, outputs)):  # first failure wins
+        if proc.returncode != 0:
+            tail = "\n".join(text.rstrip().splitlines()[-15:])
+            raise RuntimeError(f"{what}: node {node} exited with code {proc.returncode}\n{tail}")
+
+
+def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
+    if not is_int(nprocs_per_node) \
+            or nprocs_per_node < 1:
+        raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"no script {script!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+
+
+def _env(threads: int, extra: dict | None = None) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+            **(extra or {})}
+
+
+def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence[str] = (),
+                  timeout: float = 120.0) -> NodesResult:
+    """Run ``script`` as 2 nodes x ``nprocs_per_node`` ranks: two torchrun agents on loopback."""
+    _validate(nprocs_per_node, script, timeout)
+    commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
+    threads = max(1, (os.cpu_count() or 1) // (2 * nprocs_per_node))
+    start = time.monotonic()
+    procs = [_launch(cmd, _env(threads)) for cmd in commands]
+    outputs = _collect(procs, timeout)
+    _check(procs, outputs, "two-node run")
+    return NodesResult(commands, outputs, time.monotonic() - start)
+
+
+def run_single(script: str = SCRIPT, args: Sequence[str] = (), timeout: float = 120.0) -> str:
+    """Run ``python script args`` as one plain process (world size 1); return its output."""
+    _validate(1, script, timeout)
+    proc = _launch([sys.executable, script, *map(str, args)], _env(os.cpu_count() or 1))
+    (output,) = _collect([proc], timeout)
+    _check([proc], [output], "single-process run")
+    return output
+
+
+def netns_available() -> tuple[bool, str]:
+    """Whether this process may create network namespaces and shape traffic; and why not."""
+    if not sys.platform.startswith("linux"):
+        return False, "network namespaces are Linux-only"
+    if os.geteuid() != 0:
+        return False, "creating network namespaces needs root"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return False, f"{' and '.join(missing)} not found (apt-get install iproute2)"
+    probe = f"cl5probe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return False, f"'ip netns add' was refused: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return True, "ok"
+
+
+def _ip(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def two_namespaces(rate_mbit: float | None = None) -> Iterator[list[tuple[str, str, str]]]:
+    """Two namespaces joined by a veth pair; yields ``[(namespace, interface, address)] * 2``.
+
+    ``rate_mbit`` throttles both ends with a token-bucket filter (``tc qdisc ... tbf``).
+    Addresses 10.99.0.1/2 exist only inside these namespaces; everything is deleted on exit.
+    """
+    ok, why = netns_available()
+    if not ok:
+        raise RuntimeError(f"cannot build the two-node network here: {why}")
+    if rate_mbit is not None and rate_mbit <= 0:
+        raise ValueError(f"rate_mbit must be positive, got {rate_mbit}")
+    tag = os.getpid()
+    nodes = [(f"cl5n{i}p{tag}", f"cl5v{i}p{tag}"[:15], f"10.99.0.{i + 1}") for i in range(2)]
+    created = []
+    try:
+        for ns, _, _ in nodes:
+            _ip("ip", "netns", "add", ns)
+            created.append(ns)
+        _ip("ip", "link", "add", nodes[0][1], "type", "veth", "peer", "name", nodes[1][1])
+        for ns, dev, addr in nodes:
+            _ip("ip", "link", "set", dev, "netns", ns)
+            _ip("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("ip", "-n", ns, "link", "set", dev, "up")
+            _ip("ip", "-n", ns, "link", "set", "lo", "up")
+            if rate_mbit is not None:
+                _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                    "rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "1s")
+        yield nodes
+    finally:
+        for ns in created:  # deleting a namespace deletes its end of the veth pair too
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def run_two_nodes_netns(rate_mbit: float | None = None, script: str = SCRIPT,
+                        args: Sequence[str] = (), timeout: float = 180.0) -> NodesResult:
+    """Like :func:`run_two_nodes`, one rank per node, each node in its own network namespace."""
+    _validate(1, script, timeout)
+    with two_namespaces(rate_mbit) as nodes:
+        addrs = (nodes[0][2], nodes[1][2])
+        commands = two_node_commands(script, 1, [str(a) for a in args], free_port(), addrs)
+        threads = max(1, (os.cpu_count() or 1) // 2)
+        start = time.monotonic()
+        procs = [_launch(cmd, _env(threads, {"GLOO_SOCKET_IFNAME": dev}),
+                         prefix=("ip", "netns", "exec", ns))
+                 for cmd, (ns, dev, _) in zip(commands, nodes)]
+        outputs = _collect(procs, timeout)
+        _check(procs, outputs, "two-node run in namespaces")
+        return NodesResult(commands, outputs, time.monotonic() - start)

@@ -1,0 +1,111 @@
+"""Ring all-reduce written by hand: reduce-scatter, then all-gather (chapter 5).
+
+This is the algorithm behind DDP's gradient averaging (NCCL's ring; Patarasuk & Yuan, "Bandwidth
+optimal all-reduce algorithms for clusters of workstations", JPDC 2009). The ``p`` ranks stand
+in a circle; each only ever talks to its right neighbour (send) and its left one (receive).
+The tensor is cut into ``p`` chunks.
+
+1. **Reduce-scatter**, ``p-1`` steps: in step ``s`` rank ``r`` sends chunk ``r-s`` to the right
+   and adds the chunk ``r-s-1`` it receives from the left to its own copy. After ``p-1`` steps
+   rank ``r`` holds the complete sum of chunk ``r+1``.
+2. **All-gather**, ``p-1`` steps: the finished chunks travel once more around the ring, each
+   rank overwriting its stale copy, until everybody has every summed chunk.
+
+Each rank sends ``2(p-1)`` messages of ``n/p`` bytes: ``2(p-1)/p * n`` bytes in total, almost
+independent of ``p`` — that is why the ring scales, and where the α-β model
+``T = 2(p-1)α + 2(p-1)/p · n·β`` (:mod:`course_lib.communication.alphabeta`) comes from.
+Tests check it against ``dist.all_reduce`` for world sizes 2-4 and sizes not divisible by ``p``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from course_lib.communication.benchmark import validate_request
+from course_lib.launcher.launch import run
+
+__all__ = ["ring_all_reduce", "compare_ring"]
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> None:
+    """Send ``send`` to the right neighbour while receiving ``recv`` from the left one.
+
+    Both at once (isend/irecv): with blocking sends every rank would wait for its right
+    neighbour to receive, and all of them would wait forever. Empty chunks (a tensor with fewer
+    elements than ranks) are skipped on both sides, which agree on the chunk sizes.
+    """
+    requests = []
+    if send.numel():
+        requests.append(dist.isend(send, right))
+    if recv.numel():
+        requests.append(dist.irecv(recv, left))
+    for request in requests:
+        request.wait()
+
+
+def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place with a ring; return it (like ``dist.all_reduce``)."""
+    if not tensor.is_contiguous():
+        raise ValueError("ring_all_reduce needs a contiguous tensor (chunks are views of it)")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return tensor
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = tensor.view(-1).tensor_split(world)   # p views; sizes differ by at most 1
+    incoming = torch.empty_like(chunks[0])         # chunk 0 is the largest
+
+    # 1. reduce-scatter: after step s, chunk (r-s-1) holds the sum of s+2 ranks' values
+    for step in range(world - 1):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        buffer = incoming[:chunks[recv].numel()]
+        _exchange(chunks[send], buffer, right, left)
+        chunks[recv].add_(buffer)
+    # now chunk (r+1) % p on rank r is the complete sum
+
+    # 2. all-gather: pass the complete chunks around, overwriting the partial sums
+    for step in range(world - 1):
+        send, recv = (rank + 1 - step) % world, (rank - step) % world
+        _exchange(chunks[send], chunks[recv], right, left)
+    return tensor
+
+
+def _compare_rank(sizes: Sequence[int], iters: int) -> list[tuple[int, float, float, float]]:
+    """On every rank: (bytes, ring seconds, dist.all_reduce seconds, max abs difference)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    for size in sizes:
+        count = max(size // 4, 1)
+        data = torch.randn(count, generator=torch.Generator().manual_seed(rank))
+        times = {}
+        for name, fn in (("ring", ring_all_reduce), ("torch", dist.all_reduce)):
+            buf = data.clone()
+            fn(buf)  # warm-up, and the result to compare
+            times[name + "_result"] = buf
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn(data.clone())
+            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+            dist.all_reduce(elapsed)
+            times[name] = elapsed.item() / world
+        diff = (times["ring_result"] - times["torch_result"]).abs().max().item()
+        out.append((count * 4, times["ring"], times["torch"], diff))
+    return out
+
+
+def compare_ring(sizes: Sequence[int] = (2**12, 2**16, 2**20, 2**23), world: int = 2,
+                 iters: int = 5) -> list[dict]:
+    """Time the hand-written ring against ``dist.all_reduce`` (mean over ranks, seconds).
+
+    Each dict has ``bytes``, ``ring_s``, ``torch_s`` and ``max_abs_diff`` (float32 sums in a
+    different order differ by rounding only). The copy of the input made per iteration is
+    timed for both, so it does not favour either.
+    """
+    validate_request(["all_reduce"], list(sizes), world)
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    rows = run(_compare_rank, world, list(sizes), iters)[0]
+    return [{"bytes": b, "ring_s": r, "torch_s": t, "max_abs_diff": d} for b, r, t, d in rows]

@@ -1,0 +1,162 @@
+"""DDP step time against world size: strong and weak scaling, compute vs communication (chapter 5).
+
+Each world size runs on real processes through :func:`course_lib.run`, with torch's
+``DistributedDataParallel`` around :class:`course_lib.common.models.MLP`. Every rank measures three
+things (medians over ``steps``; the slowest rank counts):
+
+* ``step_s``: a normal DDP step (forward, backward with bucketed all-reduces, SGD update);
+* ``compute_s``: the same step inside ``ddp.no_sync()`` — no gradient all-reduce at all;
+* ``allreduce_s``: ``dist.all_reduce`` of one buffer as large as all gradients, alone.
+
+``comm_s = step_s - compute_s`` is the communication the step could *not* hide behind backward
+(DDP starts each bucket's all-reduce as soon as its gradients are ready). With
+``allreduce_s`` it shows how much overlap bought.
+
+* **strong scaling**: the global batch is fixed and split over ``p`` ranks; ideal step time is
+  ``T(1)/p``; ``speedup = T(1)/T(p)``, ``efficiency = speedup/p``;
+* **weak scaling**: the per-rank batch is fixed (the global batch grows with ``p``); ideal
+  step time stays ``T(1)``; ``efficiency = T(1)/T(p)``, ``speedup = p·efficiency`` (throughput).
+
+Honest about the hardware: ranks get ``cores // p`` threads (at least 1), so on the course's
+2-core machine 1 rank computes with 2 threads, 2 ranks with 1 each, and 4 ranks *share* the two
+cores. Beyond 2 ranks nothing is gained in compute here; only GPUs (one per rank) add compute.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch._dynamo  # noqa: F401 - DDP() imports it (seconds per rank); a warm server can preload it
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.common.checks import is_int
+from course_lib.common.models import MLP, mlp_param_count
+from course_lib.launcher import devices
+from course_lib.launcher.launch import run
+
+__all__ = ["ScalingRow", "measure_scaling", "format_scaling", "DEFAULT_SIZES"]
+
+#: A 1.6 M-parameter MLP (6.3 MB of fp32 gradients): a step takes tens of ms on 2 cores.
+DEFAULT_SIZES = (256, 1024, 1024, 256)
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """One world size of a scaling experiment (times in seconds)."""
+
+    mode: str
+    world: int
+    threads: int
+    batch_per_rank: int
+    step_s: float
+    compute_s: float
+    allreduce_s: float
+    speedup: float
+    efficiency: float
+
+    @property
+    def comm_s(self) -> float:
+        """Exposed communication: what the all-reduces added to the step (>= 0)."""
+        return max(0.0, self.step_s - self.compute_s)
+
+
+def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
+              seed: int) -> list[tuple[float, float, float]]:
+    """On each rank, per batch size: median (step, no_sync step, bare all-reduce) seconds,
+    the maximum over ranks. One process serves all batch sizes (building DDP costs seconds)."""
+    rank = dist.get_rank()
+    torch.manual_seed(seed)  # same initial weights everywhere (DDP would broadcast them anyway)
+    model = DDP(MLP(sizes))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    flat = torch.zeros(mlp_param_count(sizes))
+    gen = torch.Generator().manual_seed(seed + 1 + rank)
+    results = []
+    for batch in batches:
+        x = torch.randn(batch, sizes[0], generator=gen)
+        y = torch.randn(batch, sizes[-1], generator=gen)
+
+        def step(sync: bool) -> float:
+            start = time.perf_counter()
+            with nullcontext() if sync else model.no_sync():
+                F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            return time.perf_counter() - start
+
+        def bare() -> float:
+            start = time.perf_counter()
+            dist.all_reduce(flat)
+            return time.perf_counter() - start
+
+        step(True), step(False), bare()  # warm-up
+        times: dict[str, list[float]] = {"step": [], "compute": [], "allreduce": []}
+        for _ in range(steps):  # interleaved, so a noisy moment hits all three alike
+            for name, fn in (("step", lambda: step(True)), ("compute", lambda: step(False)),
+                             ("allreduce", bare)):
+                dist.barrier()
+                times[name].append(fn())
+        medians = torch.tensor([statistics.median(times[k]) for k in ("step", "compute",
+                                                                     "allreduce")],
+                               dtype=torch.float64)
+        dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+        results.append(tuple(medians.tolist()))
+    return results
+
+
+def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
+                    batch_per_rank: int = 64, sizes: Sequence[int] = DEFAULT_SIZES,
+                    steps: int = 3, seed: int = 0, threads: int | None = None
+                    ) -> list[ScalingRow]:
+    """Measure DDP steps at each world size, strong and weak scaling in the same processes.
+
+    Strong scaling splits ``global_batch`` over the ranks; weak scaling gives every rank
+    ``batch_per_rank``. ``worlds`` must start with 1 (the baseline). Rows: all strong ones,
+    then all weak ones. ``threads`` per rank defaults to ``cores // ranks``; ``threads=1``
+    makes every rank one core, the CPU analogue of one GPU per rank (and avoids a 2-thread
+    baseline whose threads wait for each other on a busy machine).
+    """
+    worlds = list(worlds)
+    if not worlds or worlds[0] != 1 or any(not is_int(w)
+                                           or w < 1 for w in worlds):
+        raise ValueError(f"worlds must be integers >= 1 starting with 1 (the baseline), "
+                         f"got {worlds}")
+    if steps < 1 or batch_per_rank < 1 or global_batch < 1:
+        raise ValueError("steps, global_batch and batch_per_rank must be >= 1")
+    for world in worlds:
+        devices.plan(world, threads=threads)  # bad requests fail here, before anything starts
+        if global_batch % world:
+            raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
+    MLP(sizes)  # validates the sizes
+    measured = {world: run(_ddp_rank, world, list(sizes), [global_batch // world, batch_per_rank],
+                           steps, seed, threads=threads)[0] for world in worlds}
+    rows = []
+    for index, mode in enumerate(("strong", "weak")):
+        base = measured[1][index][0]
+        for world in worlds:
+            step_s, compute_s, allreduce_s = measured[world][index]
+            ratio = base / step_s
+            speedup, efficiency = (ratio, ratio / world) if mode == "strong" \
+                else (ratio * world, ratio)
+            batch = global_batch // world if mode == "strong" else batch_per_rank
+            rows.append(ScalingRow(mode, world, devices.plan(world, threads=threads).threads,
+                                   batch, step_s,
+                                   compute_s, allreduce_s if world > 1 else 0.0, speedup,
+                                   efficiency))
+    return rows
+
+
+def format_scaling(rows: Sequence[ScalingRow]) -> str:
+    """The rows as a text table (milliseconds)."""
+    lines = [f"{'mode':<7}{'ranks':>6}{'threads':>8}{'batch/rank':>11}{'step ms':>9}"
+             f"{'compute':>9}{'comm':>8}{'bare AR':>9}{'speedup':>9}{'effic.':>8}"]
+    for r in rows:
+        lines.append(f"{r.mode:<7}{r.world:>6}{r.threads:>8}{r.batch_per_rank:>11}"
+                     f"{r.step_s * 1e3:>9.1f}{r.compute_s * 1e3:>9.1f}{r.comm_s * 1e3:>8.1f}"
+                     f"{r.allreduce_s * 1e3:>9.1f}{r.speedup:>9.2f}{r.efficiency:>8.0%}")
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""Chapter 5's figures and widget: bus bandwidth, the α-β fit, DDP scaling, the link sweep, what-if.
+
+Figures take the measured rows (never recompute them); :func:`whatif_widget` puts sliders in
+front of :func:`course_lib.communication.whatif.whatif_table`.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from course_lib.communication.alphabeta import AlphaBeta
+from course_lib.communication.benchmark import CollectiveResult
+from course_lib.communication.link_sweep import LinkRow
+from course_lib.communication.scaling import ScalingRow
+from course_lib.communication.whatif import LINKS, STRATEGIES, whatif_table
+from course_lib.display import DPI, FIGSIZE
+
+__all__ = ["plot_busbw", "plot_fit", "plot_scaling", "plot_link_sweep", "whatif_widget"]
+
+_SIZE = dict(figsize=FIGSIZE, dpi=DPI)
+
+
+def plot_busbw(rows: Sequence[CollectiveResult], ceiling_gbps: float | None = None) -> Figure:
+    """busbw (GB/s) against message size, one line per collective and world size."""
+    fig, ax = plt.subplots(**_SIZE)
+    for key in dict.fromkeys((r.collective, r.world) for r in rows):
+        pts = [r for r in rows if (r.collective, r.world) == key]
+        ax.plot([r.size_bytes for r in pts], [r.busbw for r in pts], "o-",
+                label=f"{key[0]} ({key[1]} ranks)")
+    if ceiling_gbps is not None:
+        ax.axhline(ceiling_gbps, color="grey", ls="--", label="memory copy, 1 process")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
+           title="Collectives on this machine")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fit(rows: Sequence[CollectiveResult], fits: Mapping[int, AlphaBeta]) -> Figure:
+    """Measured all-reduce times (dots) and the fitted α-β model (lines), per world size."""
+    fig, ax = plt.subplots(**_SIZE)
+    for world, fit in fits.items():
+        pts = sorted((r.size_bytes, r.seconds) for r in rows
+                     if r.collective == "all_reduce" and r.world == world)
+        sizes = [s for s, _ in pts]
+        line, = ax.plot(sizes, [t * 1e3 for _, t in pts], "o", label=f"measured, {world} ranks")
+        ax.plot(sizes, [fit.all_reduce(s, world) * 1e3 for s in sizes], "-",
+                color=line.get_color(), label=f"fit: {fit}")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)",
+           ylabel="all-reduce time (ms)", title="T = 2(p-1)α + 2(p-1)/p·n·β")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling(rows: Sequence[ScalingRow]) -> Figure:
+    """Left: strong-scaling step time split into compute and exposed communication.
+    Right: efficiency against ranks for strong and weak scaling (1.0 = ideal)."""
+    fig, (left, right) = plt.subplots(1, 2, **_SIZE)
+    strong = [r for r in rows if r.mode == "strong"]
+    labels = [str(r.world) for r in strong]
+    left.bar(labels, [r.compute_s * 1e3 for r in strong], label="compute (no_sync)")
+    left.bar(labels, [r.comm_s * 1e3 for r in strong],
+             bottom=[r.compute_s * 1e3 for r in strong], label="exposed comm")
+    left.set(xlabel="ranks", ylabel="step (ms)", title="strong scaling")
+    left.legend(fontsize=7)
+    for mode in ("strong", "weak"):
+        pts = [r for r in rows if r.mode == mode]
+        right.plot([r.world for r in pts], [r.efficiency for r in pts], "o-", label=mode)
+    right.axhline(1.0, color="grey", ls="--", label="ideal")
+    right.set(xlabel="ranks", ylabel="efficiency", title="efficiency", ylim=(0, None))
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def whatif_widget(params_b: float = 7.0, strategy: str = "ddp", link: str = "NVLink 4 (H100)"):
+    """ipywidgets front-end over :func:`whatif_table` (the table lives in ``.children[-1]``)."""
+    import ipywidgets as widgets
+
+    size = widgets.FloatLogSlider(value=params_b, base=10, min=-1, max=3, step=0.05,
+                                  description="params (B)")
+    strat = widgets.Dropdown(options=sorted(STRATEGIES), value=strategy, description="strategy")
+    net = widgets.Dropdown(options=list(LINKS), value=link, description="link")
+    overlap = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.05, description="overlap")
+    tokens = widgets.IntSlider(value=8 * 2048, min=512, max=65536, step=512,
+                               description="tokens/GPU")
+    out = widgets.HTML()
+
+    def update(_: object = None) -> None:
+        table = whatif_table(size.value * 1e9, strat.value, net.value, overlap=overlap.value,
+                             tokens_per_gpu=tokens.value)
+        out.value = f"<pre>{table}</pre>"
+
+    for control in (size, strat, net, overlap, tokens):
+        control.observe(update, names="value")
+    update()
+    return widgets.VBox([widgets.HBox([size, strat, net]), widgets.HBox([overlap, tokens]), out])
+
+_COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange"}
+
+
+def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
+    """Bars: measured step (ms) per link and strategy; black ticks: the α-β prediction.
+
+    Above the slowest link: how much longer FSDP's step is than DDP's, and its byte ratio.
+    """
+    links = list(dict.fromkeys(r.link for r in rows))
+    strategies = list(dict.fromkeys(r.strategy for r in rows))
+    width = 0.8 / len(strategies)
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=80)
+    for k, strategy in enumerate(strategies):
+        for i, link in enumerate(links):
+            row = next((r for r in rows if r.link == link and r.strategy == strategy), None)
+            if row is None:
+                continue
+            x = i + (k - (len(strategies) - 1) / 2) * width
+            ax.bar(x, row.step_s * 1e3, width * 0.9, color=_COLORS.get(strategy, "grey"),
+                   label=strategy.upper() if i == 0 else None)
+            ax.plot([x - width * 0.45, x + width * 0.45], [row.predicted_s * 1e3] * 2, "k-",
+                    lw=2, label="α-β prediction" if (i, k) == (0, 0) else None)
+    slow = links[-1]
+    pair = {r.strategy: r for r in rows if r.link == slow}
+    if {"ddp", "fsdp"} <= set(pair):
+        ddp, fsdp = pair["ddp"], pair["fsdp"]
+        ax.annotate(f"FSDP +{(fsdp.step_s - ddp.step_s) * 1e3:.0f} ms\n"
+                    f"({fsdp.sent_bytes / ddp.sent_bytes:.1f}x the bytes)",
+                    (len(links) - 1, max(ddp.step_s, fsdp.step_s, fsdp.predicted_s) * 1e3),
+                    xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=8)
+    ax.set_xticks(range(len(links)), links, fontsize=8)
+    ax.set_ylabel("training step (ms)")
+    ax.margins(y=0.25)
+    ax.set_title(title or "One training step, two nodes, one link", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,146 @@
+"""The five collectives of data parallelism, run for real and shown before/after (chapter 2).
+
+Chapter 2 (``02_data_parallel``) starts here: every data-parallel algorithm is built from a few
+*collective* operations, in which all ranks take part at once. :func:`show_collectives` runs each
+on ``world`` real processes (:func:`course_lib.run`) and returns what every rank held **before**
+and **after** the call; :func:`format_collectives` prints that as a table. Nothing is simulated:
+the "after" column is what ``torch.distributed`` returned on that rank.
+
+Rank ``r`` starts with ``[10r, 10r+1, …]`` so a number tells where it came from (``21`` is element
+1 of rank 2):
+
+* ``broadcast(src=0)``: rank 0's tensor is copied to everybody (initial weights in DDP);
+* ``all_reduce(SUM)``: every rank gets the element-wise sum (gradient averaging in DDP);
+* ``all_gather``: every rank gets the concatenation of all ranks' pieces (FSDP's weights);
+* ``reduce_scatter(SUM)``: rank ``r`` gets the sum of piece ``r`` only (ZeRO-2's gradients);
+  an all-reduce is a reduce-scatter followed by an all-gather (chapter 5 writes that ring);
+* ``barrier``: moves no data; nobody leaves before the last rank has arrived. Rank ``r`` sleeps
+  ``r × 50 ms`` first; every rank records when it left.
+
+:func:`course_lib.data_parallel.show.plot_collective` draws who sends what to whom.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from course_lib.common.checks import is_int
+from course_lib.launcher import devices
+from course_lib.launcher.launch import run
+
+__all__ = ["DEMO_COLLECTIVES", "CollectiveDemo", "show_collectives", "format_collectives"]
+
+DEMO_COLLECTIVES = ("broadcast", "all_reduce", "all_gather", "reduce_scatter", "barrier")
+_BARRIER_DELAY_S = 0.05
+
+
+@dataclass(frozen=True)
+class CollectiveDemo:
+    """One collective on ``world`` ranks: each rank's tensor before and after (as lists).
+
+    For ``barrier``, ``before`` is ``[planned delay, arrival time]`` and ``after`` ``[leaving
+    time]`` per rank, the times read from the machine-wide monotonic clock (all ranks of ``run``
+    share one machine, so their clocks agree); ``left_together`` says whether every rank left
+    after the last one arrived.
+    """
+
+    name: str
+    world: int
+    before: list[list[float]]
+    after: list[list[float]]
+
+    @property
+    def left_together(self) -> bool:
+        if self.name != "barrier":
+            raise AttributeError("left_together is only defined for the barrier")
+        last_arrival = max(b[1] for b in self.before)
+        return all(a[0] >= last_arrival for a in self.after)
+
+
+def _start(rank: int, world: int, width: int) -> torch.Tensor:
+    """Rank ``r``'s tensor ``[10r, 10r+1, ...]``: its values say where they came from.
+
+    On this rank's GPU under NCCL (which only moves CUDA tensors), else on the CPU (gloo)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    return torch.arange(width, dtype=torch.float32, device=device) + 10 * rank
+
+
+def _rank_demo(names: list[str]) -> dict[str, tuple[list[float], list[float]]]:
+    """On each rank: run each collective and return ``{name: (before, after)}``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name in names:
+        if name == "broadcast":
+            x = _start(rank, world, world)
+            before = x.tolist()
+            dist.broadcast(x, src=0)
+            after = x.tolist()
+        elif name == "all_reduce":
+            x = _start(rank, world, world)
+            before = x.tolist()
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+            after = x.tolist()
+        elif name == "all_gather":
+            piece = _start(rank, world, 2)                 # each rank holds 2 numbers ...
+            gathered = piece.new_empty(2 * world)          # ... and receives 2 per rank
+            before = piece.tolist()
+            dist.all_gather_single(gathered, piece)
+            after = gathered.tolist()
+        elif name == "reduce_scatter":
+            x = _start(rank, world, world)                 # one element per destination rank
+            mine = x.new_empty(1)
+            before = x.tolist()
+            dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM)
+            after = mine.tolist()
+        else:  # barrier: arrive at different times, leave together
+            dist.barrier()                                 # line everybody up first
+            delay = rank * _BARRIER_DELAY_S
+            time.sleep(delay)
+            arrived = time.monotonic()  # one clock for every process of this machine
+            dist.barrier()
+            before, after = [delay, arrived], [time.monotonic()]
+        out[name] = (before, after)
+    return out
+
+
+def show_collectives(world: int = 4, names: tuple[str, ...] = DEMO_COLLECTIVES
+                     ) -> list[CollectiveDemo]:
+    """Run each collective in ``names`` on ``world`` real ranks; return their before/after."""
+    unknown = [n for n in names if n not in DEMO_COLLECTIVES]
+    if unknown:
+        raise ValueError(f"unknown collective(s) {unknown}; choose from {DEMO_COLLECTIVES}")
+    if not is_int(world) or world < 2:
+        raise ValueError(f"world must be an integer >= 2 (a collective needs partners), "
+                         f"got {world!r}")
+    devices.plan(world)  # too many ranks for this machine fails here, before any process starts
+    per_rank = run(_rank_demo, world, list(names))
+    return [CollectiveDemo(name, world, [r[name][0] for r in per_rank],
+                           [r[name][1] for r in per_rank]) for name in names]
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def format_collectives(demos: list[CollectiveDemo]) -> str:
+    """A deterministic text table: one block per collective, one line per rank.
+
+    The barrier's times vary from run to run, so the table shows what is certain: each rank's
+    planned delay, and whether all ranks left after the last arrival.
+    """
+    lines = []
+    for demo in demos:
+        lines.append(f"{demo.name} on {demo.world} ranks")
+        if demo.name == "barrier":
+            for rank, before in enumerate(demo.before):
+                lines.append(f"  rank {rank}: arrives after {before[0] * 1e3:.0f} ms")
+            lines.append(f"  every rank left after the last arrival: {demo.left_together}")
+            continue
+        width = max(len(_fmt(b)) for b in demo.before)
+        for rank, (before, after) in enumerate(zip(demo.before, demo.after)):
+            lines.append(f"  rank {rank}: {_fmt(before):<{width}}  ->  {_fmt(after)}")
+    return "\n".join(lines)

@@ -1,0 +1,224 @@
+"""What torch's DDP really does in a step: buckets, overlap, bytes, memory (chapter 2).
+
+``DistributedDataParallel`` does not all-reduce gradient by gradient. It packs them into
+**buckets** of about ``bucket_cap_mb`` MiB (25 by default) and launches a bucket's all-reduce as
+soon as its last gradient is ready, *while backward keeps computing the earlier layers*:
+communication overlaps computation. After the first iteration DDP rebuilds the buckets in the
+order backward really produced the gradients (last layer first); with the default cap the first
+bucket is kept small (1 MiB), so communication starts early.
+
+:func:`measure_dp` runs real DDP steps on ``world`` ranks and measures, on every rank:
+
+* each bucket, seen by a **communication hook** (:func:`recording_allreduce_hook`) that notes its
+  size and when it became ready, then calls torch's default ``allreduce_hook`` — so DDP behaves
+  exactly as without it. The bucket sizes add up to the **payload** ``Ψ`` gradients × 4 bytes;
+* the bytes this process **wrote to its sockets** during a step (``wchar`` of
+  ``/proc/self/io``, Linux): what gloo's ring all-reduce really sent, to compare with
+  ``2·(N−1)/N · 4Ψ`` (:func:`expected_bytes`) — every byte leaves a rank twice, once in the
+  reduce-scatter half and once in the all-gather half (chapter 5 writes that ring by hand);
+* memory with chapter 1's :func:`course_lib.memory.tracker.tracked_steps`: DDP keeps its buckets
+  (another ``4Ψ``, filed as activations since DDP builds them in forward) *beside* ``.grad``
+  unless ``gradient_as_bucket_view=True`` makes the gradients views into the buckets;
+* the step time (median of the timed steps).
+
+These runs use gloo on the CPU even where GPUs exist: socket bytes are gloo's (NCCL moves GPU
+memory through its own channels, which ``/proc`` does not see), and the memory tracker's
+byte counts are exact there. Chapter 3 measures the same strategy on GPUs.
+
+:func:`compare_accumulation` checks ``no_sync()``: accumulating ``k`` micro-batches without
+communication and syncing on the last equals one bigger batch, with ``1/k`` of the bytes.
+"""
+# No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
+# (``bucket: dist.GradBucket``, returns ``torch.futures.Future[torch.Tensor]``).
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.common.checks import positive_int
+from course_lib.common.data import get_batch
+from course_lib.common.models import GPT, get_config
+from course_lib.common.training import make_optimizer
+from course_lib.data_parallel.by_hand import TOLERANCE, max_diff, train_single
+from course_lib.launcher import devices
+from course_lib.launcher.launch import run
+from course_lib.memory.tracker import tracked_steps
+
+__all__ = ["BucketLog", "recording_allreduce_hook", "bytes_written", "expected_bytes",
+           "DPStepReport", "measure_dp", "compare_accumulation"]
+
+
+class BucketLog:
+    """State of :func:`recording_allreduce_hook`: one dict per bucket of the current step."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+        self.process_group = process_group   # None: the default group
+        self.records: list[dict] = []
+        self.t0 = time.perf_counter()        # set to "backward starts" by the caller
+
+    def start(self) -> None:
+        self.records, self.t0 = [], time.perf_counter()
+
+
+def recording_allreduce_hook(state: BucketLog, bucket: dist.GradBucket
+                             ) -> torch.futures.Future[torch.Tensor]:
+    """A DDP comm hook: note the bucket's size and timing, then do torch's default all-reduce."""
+    buffer = bucket.buffer()
+    record = {"index": bucket.index(), "nbytes": buffer.numel() * buffer.element_size(),
+              "n_tensors": len(bucket.gradients()),
+              "ready_ms": (time.perf_counter() - state.t0) * 1e3}
+    state.records.append(record)
+
+    def finished(fut: torch.futures.Future) -> torch.Tensor:
+        record["done_ms"] = (time.perf_counter() - state.t0) * 1e3
+        return fut.value()
+
+    return default_hooks.allreduce_hook(state.process_group, bucket).then(finished)
+
+
+def bytes_written() -> int | None:
+    """Bytes this process has written (files, pipes, sockets) so far; None off Linux."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+    except OSError:
+        return None
+    return int(fields["wchar"])
+
+
+def expected_bytes(n_params: int, world: int, bytes_per_grad: int = 4) -> dict[str, float]:
+    """The formulas: payload ``4Ψ`` and what each rank sends in a ring all-reduce of it."""
+    payload = n_params * bytes_per_grad
+    return {"payload": payload, "ring_sent_per_rank": 2 * (world - 1) / world * payload}
+
+
+@dataclass(frozen=True)
+class DPStepReport:
+    """One rank's measured DDP step (bytes, milliseconds)."""
+
+    rank: int
+    world: int
+    n_params: int
+    buckets: list[dict]          # the last timed step's buckets, in launch order
+    payload_bytes: int           # sum of the buckets' sizes
+    sent_bytes: int | None       # bytes written to sockets in one step (median)
+    step_ms: float               # median step time
+    backward_ms: float           # backward alone (it waits for the last bucket)
+    alive_after_step: int        # everything alive after optimizer.step (tracker)
+    peak: int                    # tracker peak
+    model_states: int            # params + grads + optimizer as the tracker files them
+
+
+def _dp_rank(preset: str, local_batch: int, seq_len: int, bucket_cap_mb: float | None,
+             view: bool, timed_steps: int) -> DPStepReport:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(GPT(get_config(preset)), bucket_cap_mb=bucket_cap_mb,
+                gradient_as_bucket_view=view)
+    log = BucketLog()
+    model.register_comm_hook(log, recording_allreduce_hook)
+    optimizer = make_optimizer(model.parameters(), "adam")
+    inputs, targets = get_batch(local_batch, seq_len, seed=0, rank=rank, world_size=world)
+    # memory first, on the fresh model: DDP (re)builds its buckets inside the tracked steps
+    memory = tracked_steps(model, optimizer, (inputs, targets), loss_fn=GPT.loss, iterations=3)
+    times, backwards, sent = [], [], []
+    for _ in range(timed_steps):
+        dist.barrier()
+        written, start = bytes_written(), time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = GPT.loss(model(inputs), targets)
+        log.start()
+        loss.backward()                    # buckets are all-reduced in here, as they fill up
+        backwards.append((time.perf_counter() - log.t0) * 1e3)
+        optimizer.step()
+        times.append((time.perf_counter() - start) * 1e3)
+        if written is not None:
+            sent.append(bytes_written() - written)
+    buckets = sorted(log.records, key=lambda r: r["ready_ms"])
+    return DPStepReport(rank, world, memory.n_params, buckets, sum(b["nbytes"] for b in buckets),
+                        int(statistics.median(sent)) if sent else None, statistics.median(times),
+                        statistics.median(backwards), sum(memory.timeline[-1][1].values()),
+                        memory["peak"], memory["model_states"])
+
+
+def _check(world: int, preset: str, local_batch: int, seq_len: int) -> None:
+    devices.plan(world)
+    config = get_config(preset)
+    for name, value in (("local_batch", local_batch), ("seq_len", seq_len)):
+        positive_int(value, f"{name}")
+    if seq_len > config.seq_len:
+        raise ValueError(f"seq_len={seq_len} exceeds preset {preset!r}'s seq_len={config.seq_len}")
+
+
+def measure_dp(world: int = 2, preset: str = "small", local_batch: int = 4, seq_len: int = 32, *,
+               bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
+               timed_steps: int = 3) -> list[DPStepReport]:
+    """Measure real DDP steps on ``world`` ranks (one core each); one report per rank.
+
+    ``bucket_cap_mb=None`` keeps DDP's default (25 MiB, first bucket 1 MiB).
+    """
+    _check(world, preset, local_batch, seq_len)
+    if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
+                                          and bucket_cap_mb > 0):
+        raise ValueError(f"bucket_cap_mb must be a number > 0 (or None), got {bucket_cap_mb!r}")
+    positive_int(timed_steps, "timed_steps")
+    return run(_dp_rank, world, preset, local_batch, seq_len, bucket_cap_mb,
+               bool(gradient_as_bucket_view), timed_steps, device="cpu", threads=1)
+
+
+def _accumulate_rank(micro_steps: int, local_batch: int, seq_len: int, steps: int, lr: float,
+                     use_no_sync: bool) -> tuple[dict, list[int | None], dict | None]:
+    """DDP with gradient accumulation over ``micro_steps`` micro-batches per optimizer step.
+
+    Rank 0 also trains the one-process reference on the whole global batch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(GPT(get_config("tiny")))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    sent = []
+    for step in range(steps):
+        # this rank's rows of the global batch, cut into micro-batches
+        inputs, targets = get_batch(local_batch * micro_steps, seq_len, seed=0, step=step,
+                                    rank=rank, world_size=world)
+        written = bytes_written()
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(micro_steps):
+            rows = slice(micro * local_batch, (micro + 1) * local_batch)
+            last = micro == micro_steps - 1
+            with model.no_sync() if use_no_sync and not last else nullcontext():
+                loss = GPT.loss(model(inputs[rows]), targets[rows]) / micro_steps
+                loss.backward()            # inside no_sync: gradients only accumulate locally
+        optimizer.step()
+        sent.append(None if written is None else bytes_written() - written)
+    single = train_single(steps, world * micro_steps * local_batch, seq_len, lr=lr,
+                          preset="tiny")[0] if rank == 0 else None
+    return {n: p.detach().clone() for n, p in model.module.named_parameters()}, sent, single
+
+
+def compare_accumulation(world: int = 2, micro_steps: int = 4, local_batch: int = 2,
+                         seq_len: int = 32, steps: int = 2, lr: float = 0.1) -> dict:
+    """DDP + ``no_sync`` accumulation vs one process on the whole batch, and bytes per step.
+
+    The global batch is ``world × micro_steps × local_batch`` rows. Returns max differences of
+    the weights (with and without ``no_sync``) against one process, the ranks' spread, and the
+    bytes rank 0 sent per optimizer step in both cases.
+    """
+    _check(world, "tiny", local_batch, seq_len)
+    positive_int(micro_steps, "micro_steps")
+    out = {"world": world, "micro_steps": micro_steps,
+           "global_batch": world * micro_steps * local_batch}
+    for use_no_sync in (True, False):
+        ranks = run(_accumulate_rank, world, micro_steps, local_batch, seq_len, steps, lr,
+                    use_no_sync, device="cpu", threads=1)
+        single = ranks[0][2]
+        key = "no_sync" if use_no_sync else "sync_every_micro_batch"
+        out[key] = {"vs_single": max_diff(ranks[0][0], single),
+                    "ranks_spread": max(max_diff(r[0], ranks[0][0]) for r in ranks),
+                    "sent_bytes_per_step": ranks[0][1][-1]}
+    out["tolerance"] = TOLERANCE
+    return out

@@ -1,0 +1,102 @@
+"""Chapter 2's exercise checks: a learner's gradient averaging, bytes of a ring all-reduce.
+
+:func:`check_average_gradients` runs the learner's ``average_gradients(model)`` on real ranks
+next to torch's DDP and says what is wrong (for ``course_lib.check_true``);
+:func:`check_ring_bytes` compares an answer with bytes measured on the sockets.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.common.checks import is_int, positive_int
+from course_lib.common.data import get_batch
+from course_lib.common.models import GPT, get_config
+from course_lib.data_parallel.by_hand import max_diff
+from course_lib.exercises import Feedback, check_number
+from course_lib.launcher.launch import run
+
+__all__ = ["check_average_gradients", "check_ring_bytes"]
+
+
+def _check_rank(fn: Callable[[nn.Module], None], seed: int) -> dict:
+    """On each rank: local gradients, the learner's result, DDP's averaged gradients."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    model = GPT(get_config("tiny"))
+    reference = DDP(copy.deepcopy(model))
+    inputs, targets = get_batch(2, 16, seed=seed, rank=rank, world_size=world)
+    for m in (model, reference):
+        GPT.loss(m(inputs), targets).backward()
+    local = {n: p.grad.clone() for n, p in model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fn(model)
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    if missing:
+        return {"error": f"the gradient of {missing[0]} is None after your function"}
+    return {"mine": {n: p.grad.clone() for n, p in model.named_parameters()},
+            "ddp": {n: p.grad.clone() for n, p in reference.module.named_parameters()},
+            "local": local, "weights_changed": max_diff(before, dict(model.named_parameters()))}
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    try:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)  # fp32 sums in another order
+    except AssertionError:
+        return False
+    return True
+
+
+def check_average_gradients(fn: Callable[[nn.Module], None], world: int = 3,
+                            seed: int = 0) -> tuple[bool, str]:
+    """Run the learner's ``fn(model)`` after backward on ``world`` real ranks; compare with DDP.
+
+    Returns ``(passed, message)`` for :func:`course_lib.check_true`. Three ranks by default, so
+    a hard-coded ``/ 2`` fails as well as a forgotten division. The expected gradients come from
+    torch's ``DistributedDataParallel`` on the same model and data, not from this module.
+    """
+    if not callable(fn):
+        raise TypeError(f"pass your function itself (average_gradients, no parentheses), "
+                        f"got {type(fn).__name__}")
+    if not is_int(world) or world < 2:
+        raise ValueError(f"world must be an integer >= 2 (one rank has nothing to average), "
+                         f"got {world!r}")
+    results = run(_check_rank, world, fn, seed, device="cpu", threads=1)
+    for rank, res in enumerate(results):
+        if "error" in res:
+            return False, f"on rank {rank}: {res['error']}."
+        if res["weights_changed"] > 0:
+            return False, "your function changed the weights; it should only change .grad."
+        if _close(res["mine"], res["ddp"]):
+            continue
+        if _close(res["mine"], res["local"]):
+            return False, (f"rank {rank} still holds its own local gradients: nothing was "
+                           "communicated (all_reduce each param.grad).")
+        scaled = {n: g * world for n, g in res["ddp"].items()}
+        if _close(res["mine"], scaled):
+            return False, (f"the gradients are {world}× too large on {world} ranks: you summed "
+                           "them; divide by the world size to average.")
+        return False, (f"rank {rank}'s gradients differ from DDP's averaged ones (did you divide "
+                       "by dist.get_world_size(), not a fixed number?).")
+    return True, f"your averaged gradients equal torch DDP's on all {world} ranks."
+
+
+def check_ring_bytes(answer: object, n_params: int, world: int,
+                     measured: int | None = None) -> Feedback:
+    """Exercise: bytes one rank sends per step in a ring all-reduce of ``n_params`` fp32 grads.
+
+    Compared with ``measured`` (bytes rank 0 wrote to its sockets in one DDP step, from
+    :func:`course_lib.data_parallel.ddp_internals.measure_dp`) when given, else with the ring formula. The
+    measurement exceeds the formula only by gloo's small per-message envelope (< 1 %).
+    """
+    for name, value in (("n_params", n_params), ("world", world)):
+        positive_int(value, f"{name}")
+    expected = measured if measured is not None else 2 * (world - 1) / world * 4 * n_params
+    return check_number(answer, expected, rtol=0.01, name="ring bytes", unit="bytes",
+                        hint="a ring all-reduce is a reduce-scatter then an all-gather; in each "
+                             "half a rank sends N-1 chunks of 1/N of the 4·Ψ bytes.")

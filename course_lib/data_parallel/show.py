@@ -1,0 +1,201 @@
+"""Chapter 2's figures, tables and widget: collectives, DDP buckets, DP measurements.
+
+Same conventions as :mod:`course_lib.memory.show`: small figures (80 dpi), each function returns the
+``Figure``; values drawn are the measured ones passed in, never recomputed here.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from course_lib.common.models import get_config
+from course_lib.data_parallel.collectives import CollectiveDemo
+from course_lib.data_parallel.measure import WIDGET_PRESETS, dp_explorer, fits_per_world
+from course_lib.display import COLORS, DPI
+from course_lib.memory.report import format_bytes
+
+__all__ = ["plot_collectives", "plot_buckets", "plot_dp_run", "plot_memory_vs_world",
+           "format_fits", "show_dp_explorer", "dp_widget"]
+
+_RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+                "#8c8c8c")
+_SUM = "#bbbbbb"
+
+
+def _arrows(demo: CollectiveDemo) -> list[tuple[int, int]]:
+    """(from rank, to rank) pairs: who contributes to whose result."""
+    n = demo.world
+    if demo.name == "broadcast":
+        return [(0, r) for r in range(1, n)]
+    if demo.name in ("all_reduce", "all_gather", "reduce_scatter"):
+        return [(s, r) for s in range(n) for r in range(n) if s != r]
+    return []
+
+
+def _row(ax, x0: float, y: float, values: Sequence[float], colors: Sequence[str]) -> None:
+    for i, (v, c) in enumerate(zip(values, colors)):
+        ax.add_patch(plt.Rectangle((x0 + i * 0.5, y - 0.35), 0.5, 0.7, color=c, ec="white"))
+        ax.text(x0 + i * 0.5 + 0.25, y, f"{v:g}", ha="center", va="center", fontsize=7,
+                color="white" if c != _SUM else "black")
+
+
+def _origin(value: float) -> str:
+    return _RANK_COLORS[int(value) // 10 % len(_RANK_COLORS)]
+
+
+def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
+    """One panel per collective: each rank's tensor before (left) and after (right).
+
+    Colours say which rank a value came from; grey cells are sums over all ranks. Lines from a
+    rank on the left to a rank on the right mean "sends data that ends up there".
+    """
+    demos = [d for d in demos if d.name != "barrier"]
+    if not demos:
+        raise ValueError("nothing to draw: pass the demos of show_collectives (the barrier "
+                         "moves no data)")
+    fig, axes = plt.subplots(1, len(demos), figsize=(2.6 * len(demos), 2.8), dpi=DPI,
+                             squeeze=False)
+    for ax, demo in zip(axes[0], demos):
+        width_before = max(len(b) for b in demo.before) * 0.5
+        x_after = width_before + 1.2
+        for rank in range(demo.world):
+            y = demo.world - 1 - rank
+            _row(ax, 0, y, demo.before[rank], [_origin(v) for v in demo.before[rank]])
+            summed = demo.name in ("all_reduce", "reduce_scatter")
+            _row(ax, x_after, y, demo.after[rank],
+                 [_SUM if summed else _origin(v) for v in demo.after[rank]])
+            ax.text(-0.15, y, f"r{rank}", ha="right", va="center", fontsize=8)
+        for src, dst in _arrows(demo):
+            ax.annotate("", xy=(x_after - 0.05, demo.world - 1 - dst),
+                        xytext=(width_before + 0.05, demo.world - 1 - src),
+                        arrowprops={"arrowstyle": "->", "color": _RANK_COLORS[src], "lw": 0.7,
+                                    "alpha": 0.6})
+        width_after = max(len(a) for a in demo.after) * 0.5
+        ax.set_xlim(-0.6, x_after + width_after + 0.1)
+        ax.set_ylim(-0.6, demo.world - 0.4)
+        ax.set_title(demo.name, fontsize=9)
+        ax.axis("off")
+    fig.suptitle("before → after on each rank (colour: rank the value came from; grey: a sum)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_buckets(report, title: str = "DDP buckets during backward (rank 0)") -> Figure:
+    """Each bucket's all-reduce as a bar from "ready" to "done", against backward's duration."""
+    fig, ax = plt.subplots(figsize=(7.0, 2.6), dpi=DPI)
+    for i, b in enumerate(report.buckets):
+        ax.barh(i, b["done_ms"] - b["ready_ms"], left=b["ready_ms"], color=COLORS["grads"])
+        ax.text(b["done_ms"], i, f" {b['nbytes'] / 2**20:.2f} MiB, {b['n_tensors']} tensors",
+                va="center", fontsize=7)
+    ax.axvline(report.backward_ms, color="black", ls="--", lw=1)
+    ax.text(report.backward_ms, len(report.buckets) - 0.5, " backward returns", fontsize=7,
+            va="top")
+    ax.set_yticks(range(len(report.buckets)), [f"bucket {i}" for i in
+                                               range(len(report.buckets))], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since backward started")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
+                budget_bytes: float | None = None) -> Figure:
+    """Three panels for one measured DDP run: memory per rank, step time, bytes sent per rank."""
+    ranks = [r.rank for r in reports]
+    fig, axes = plt.subplots(1, 3, figsize=(9.0, 3.1), dpi=DPI)
+    mib = 2**20
+    axes[0].bar(ranks, [r.model_states / mib for r in reports], color=COLORS["optimizer"],
+                label="model states")
+    axes[0].bar(ranks, [(r.peak - r.model_states) / mib for r in reports],
+                bottom=[r.model_states / mib for r in reports], color=COLORS["activations"],
+                label="rest of peak")
+    if budget_bytes:
+        axes[0].axhline(budget_bytes / mib, color="red", ls="--", lw=1, label="device budget")
+    axes[0].set_title("peak memory per rank (MiB)", fontsize=9)
+    below = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    axes[0].legend(**below)  # under the panel: a legend inside would hide bars
+    axes[1].bar(ranks, [r.step_ms for r in reports], color=COLORS["params"])
+    axes[1].set_title("step time per rank (ms)", fontsize=9)
+    sent = [(r.sent_bytes or 0) / mib for r in reports]
+    axes[2].bar(ranks, sent, color=COLORS["grads"], label="measured (socket writes)")
+    if expected_sent is not None:
+        axes[2].axhline(expected_sent / mib, color="black", ls="--", lw=1,
+                        label="2(N-1)/N · 4Ψ")
+    axes[2].set_title("bytes sent per rank per step (MiB)", fontsize=9)
+    axes[2].legend(**below)
+    for ax in axes:
+        ax.set_xlabel("rank", fontsize=8)
+        ax.set_xticks(ranks)
+    fig.tight_layout()
+    return fig
+
+
+def plot_memory_vs_world(per_world: dict[int, dict[str, int]],
+                         title: str = "Per-rank memory under DDP (measured)") -> Figure:
+    """Stacked model states per rank for each world size: ``{world: {category: bytes}}``."""
+    worlds = sorted(per_world)
+    fig, ax = plt.subplots(figsize=(7.0, 3.0), dpi=DPI)
+    bottom = [0.0] * len(worlds)
+    mib = 2**20
+    for key in ("params", "grads", "optimizer"):
+        heights = [per_world[w].get(key, 0) / mib for w in worlds]
+        ax.bar([str(w) for w in worlds], heights, bottom=bottom, color=COLORS[key], label=key)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("MiB per rank")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def format_fits(per_rank_bytes: Mapping[int, int], budget_bytes: int) -> str:
+    """One line per world size: measured bytes per rank, the budget, fits or not."""
+    fits = fits_per_world(per_rank_bytes, budget_bytes)
+    return "\n".join(f"{world} rank(s): {format_bytes(per_rank_bytes[world])} per rank vs "
+                     f"{format_bytes(budget_bytes)} per device -> "
+                     f"{'fits' if ok else 'does NOT fit'}" for world, ok in fits.items())
+
+
+def show_dp_explorer(world: int = 2, preset: str = "tiny", local_batch: int = 4,
+                     gpu_memory_mib: float = 0.0) -> None:
+    """Print and plot :func:`dp_explorer`; ``gpu_memory_mib`` > 0 draws a per-device budget."""
+    try:
+        seq_len = min(32, get_config(preset).seq_len)
+        reports, expected = dp_explorer(world, preset, local_batch, seq_len)
+    except ValueError as err:
+        print(f"ValueError: {err}")
+        return
+    r = reports[0]
+    budget = gpu_memory_mib * 2**20 if gpu_memory_mib else None
+    print(f"{world} rank(s) × local batch {local_batch} = global batch {world * local_batch}; "
+          f"{r.n_params:,} parameters on every rank")
+    sent = "n/a" if r.sent_bytes is None else format_bytes(r.sent_bytes)
+    print(f"rank 0: peak {format_bytes(r.peak)}, step {r.step_ms:.0f} ms, sent {sent} per step "
+          f"(ring formula {format_bytes(expected['ring_sent_per_rank'])})")
+    if budget:
+        verdict = "fits" if r.peak <= budget else "does NOT fit — more ranks will not help"
+        print(f"budget {format_bytes(budget)} per device: {verdict}")
+    plot_dp_run(reports, expected["ring_sent_per_rank"], budget)
+    plt.show()
+
+
+def dp_widget():
+    """Sliders over :func:`show_dp_explorer`; each change is a real run (about a second)."""
+    import ipywidgets as w
+
+    style = {"description_width": "initial"}
+    return w.interactive(
+        show_dp_explorer,
+        world=w.IntSlider(value=2, min=1, max=8, description="GPUs (ranks)", style=style,
+                          continuous_update=False),
+        preset=w.Dropdown(options=list(WIDGET_PRESETS), value="tiny", description="model",
+                          style=style),
+        local_batch=w.Dropdown(options=[1, 2, 4, 8, 16], value=4, style=style),
+        gpu_memory_mib=w.FloatText(value=0.0, description="GPU memory (MiB, 0 = none)",
+                                   style=style, continuous_update=False),
+    )

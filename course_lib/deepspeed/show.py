@@ -1,0 +1,146 @@
+"""Chapter 08's tables and widget for DeepSpeed ZeRO memory.
+
+Everything here *reads* results of :func:`course_lib.deepspeed.engine.run_zero_stages` (measured
+by :func:`course_lib.deepspeed.census.census`) and puts them next to the course's prediction,
+DeepSpeed's own estimators and torch's strategies measured by chapter 3's instrument.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from course_lib.common.models import GPT, GPTConfig, get_config, param_count
+from course_lib.deepspeed.census import (CATEGORIES, deepspeed_estimate, largest_layer,
+                                         predict_deepspeed)
+from course_lib.sharding.formulas import param_shapes
+
+__all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget"]
+
+
+def _largest(config: GPTConfig) -> int:
+    with torch.device("meta"):
+        return largest_layer(GPT(config))
+
+
+def _estimate(config: GPTConfig, stage: int, world: int) -> int | None:
+    try:
+        return deepspeed_estimate(param_count(config), _largest(config), stage, world)
+    except ImportError:  # no DeepSpeed here: no estimator either
+        return None
+
+
+def memory_rows(result: dict, config: GPTConfig | str = "tiny", rank: int = 0) -> list[dict]:
+    """One row per stage: measured / predicted model states at both moments, DS's estimate, torch's.
+
+    ``measured`` is the larger of the two moments (after backward, after step): the model
+    states a rank must have room for.
+    """
+    config = get_config(config)
+    shapes = param_shapes(config)
+    ranks = result["ranks"]
+    mine = ranks[rank]
+    world = mine["world_size"]
+    rows = []
+    for stage in sorted(k for k in mine if isinstance(k, int)):
+        entry = mine[stage]
+        bwd = entry["after_backward"]
+        step = entry["after_step"]
+        pred_b = predict_deepspeed(shapes, stage, world, rank=rank, moment="backward")
+        pred_s = predict_deepspeed(shapes, stage, world, rank=rank)
+        torch_row = mine["torch"][stage]
+        rows.append({
+            "stage": stage, "world": world, "engine": result["engine"],
+            "measured_backward": bwd["model_states"] if bwd else None,
+            "measured_step": step["model_states"],
+            "measured": max(step["model_states"], bwd["model_states"] if bwd else 0),
+            "predicted_backward": pred_b["model_states"], "predicted_step": pred_s["model_states"],
+            "predicted": max(pred_b["model_states"], pred_s["model_states"]),
+            "ds_estimate": _estimate(config, stage, world),
+            "torch_strategy": torch_row["strategy"], "torch_measured": torch_row["model_states"],
+            "torch_fwd": torch_row["model_states_fwd"],
+        })
+    return rows
+
+
+def _num(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def memory_table(rows: list[dict]) -> str:
+    """Per-rank model-state bytes: DeepSpeed measured vs predicted at both moments, torch's."""
+    head = (f"{'stage':>5} {'after backward':>15} {'predicted':>10} {'after step':>11} "
+            f"{'predicted':>10}   {'torch equivalent (measured)':>28}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['stage']:>5} {_num(r['measured_backward']):>15} "
+                     f"{_num(r['predicted_backward']):>10} {_num(r['measured_step']):>11} "
+                     f"{_num(r['predicted_step']):>10}   {r['torch_strategy']:>8} "
+                     f"{r['torch_measured']:>10,} (fwd {r['torch_fwd']:,})")
+    return "\n".join(lines)
+
+
+def estimate_table(rows: list[dict]) -> str:
+    """DeepSpeed's estimate vs the course's prediction vs the measurement (model states/rank)."""
+    lines = [f"{'stage':>5} {'N':>2} {'DeepSpeed estimate':>19} {'course prediction':>18} "
+             f"{'measured':>10}   closer"]
+    for r in rows:
+        est, pred, meas = r["ds_estimate"], r["predicted"], r["measured"]
+        if est is None:
+            closer = "(DeepSpeed has no estimator)"
+        elif abs(pred - meas) < abs(est - meas):
+            closer = "course"
+        elif abs(pred - meas) == abs(est - meas):
+            closer = "same"
+        else:
+            closer = "DeepSpeed"
+        lines.append(f"{r['stage']:>5} {r['world']:>2} {_num(est):>19} {pred:>18,} "
+                     f"{meas:>10,}   {closer}")
+    return "\n".join(lines)
+
+
+def stage_breakdown(result: dict, stage: int, rank: int = 0,
+                    config: GPTConfig | str = "tiny") -> str:
+    """Per category, what the census measured vs what the course predicts, for one stage."""
+    config = get_config(config)
+    mine = result["ranks"][rank]
+    world = mine["world_size"]
+    entry = mine[stage]
+    lines = [f"ZeRO stage {stage}, N = {world}, rank {rank} ({result['engine']}: "
+             f"{entry['optimizer']}) — bytes",
+             f"{'category':>12} {'after backward':>15} {'predicted':>10} {'after step':>11} "
+             f"{'predicted':>10}"]
+    pred_b = predict_deepspeed(param_shapes(config), stage, world, rank=rank, moment="backward")
+    pred_s = predict_deepspeed(param_shapes(config), stage, world, rank=rank)
+    bwd = entry["after_backward"] or {}
+    for key in CATEGORIES + ("model_states",):
+        lines.append(f"{key:>12} {_num(bwd.get(key)):>15} {pred_b[key]:>10,} "
+                     f"{entry['after_step'][key]:>11,} {pred_s[key]:>10,}")
+    est = _estimate(config, stage, world)
+    torch_row = mine["torch"][stage]
+    lines.append(f"DeepSpeed's estimator: {_num(est)}; torch's {torch_row['strategy']} "
+                 f"(chapter 3, measured after step): {torch_row['model_states']:,}")
+    return "\n".join(lines)
+
+
+def deepspeed_widget(result: dict, measure: Callable[[int], dict] | None = None):
+    """Dropdowns over stage and world size → :func:`stage_breakdown`.
+
+    ``result`` answers its own world size at once; another world size calls ``measure(world)``
+    (e.g. ``lambda n: run_zero_stages(nprocs=n)``: a launch, tens of seconds) once and keeps it.
+    """
+    import ipywidgets as widgets
+
+    first = result["ranks"][0]["world_size"]
+    cache = {first: result}
+
+    def show(stage: int = 2, world: int = first) -> None:
+        if world not in cache:
+            if measure is None:
+                print(f"no measurement for N = {world}")
+                return
+            cache[world] = measure(world)
+        print(stage_breakdown(cache[world], stage))
+
+    return widgets.interactive(show, stage=widgets.Dropdown(options=[0, 1, 2, 3], value=2),
+                               world=widgets.Dropdown(options=sorted({first, 2, 4}), value=first))

@@ -1,0 +1,176 @@
+"""LoRA by hand: a frozen base layer plus a trainable low-rank update ``(alpha/r)·B·A``.
+
+Chapter 7 (``07_before_you_distribute``) asks whether a model needs distributing at all. LoRA
+(Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models") freezes every base weight
+``W`` (out × in) and learns, for chosen linears, two small matrices ``A`` (r × in) and ``B``
+(out × r). The layer computes::
+
+    y = x Wᵀ + b + (alpha / r) · x Aᵀ Bᵀ
+
+``B`` starts at zero, so training starts from exactly the base model; ``A`` is random
+(Kaiming-uniform, as in the paper's reference code). The update is mathematically the dense
+weight ``W + (alpha/r)·B·A`` (:meth:`LoRALinear.merged_weight`), which the tests use as the
+reference: same forward, and autograd through the merged weight gives the same gradients of
+``A`` and ``B``. Only ``A`` and ``B`` get gradients and Adam states, so those shrink to the
+adapter's size; the activations do **not** shrink — backward still needs every layer's input
+(peft issue #1514: at long context LoRA can use about as much memory as full fine-tuning).
+
+Why no library: ``peft`` (0.21, an 0.8 MB wheel) requires ``transformers``, ``accelerate``,
+``huggingface_hub``, ``safetensors``, ``pyyaml`` and ``tqdm`` (transformers alone is a 13.5 MB
+wheel plus ``tokenizers``); for a 2-core classroom image that only needs ~60 lines of LoRA, and
+whose GPT is not a transformers model, that cost buys nothing. The lesson *is* these lines.
+
+The base can be any module with ``in_features`` / ``out_features`` — an ``nn.Linear`` or a
+quantized :class:`course_lib.finetuning.quantize.QuantLinear` (that combination is QLoRA).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.common.checks import positive_int
+from course_lib.common.models import GPTConfig, get_config
+
+__all__ = ["DEFAULT_TARGETS", "LoRALinear", "add_lora", "lora_layers", "trainable_parameters",
+           "lora_param_count", "lora_state_bytes", "merged_reference_check"]
+
+#: The linears of each block of :class:`course_lib.common.models.GPT` that get adapters by default.
+DEFAULT_TARGETS = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+_ALL_TARGETS = DEFAULT_TARGETS
+
+
+class LoRALinear(nn.Module):
+    """``base(x) + (alpha/r) · (x Aᵀ) Bᵀ`` with ``base`` frozen and ``A``, ``B`` trainable."""
+
+    def __init__(self, base: nn.Module, r: int = 8, alpha: float = 16.0,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        _check_rank(r, alpha)
+        self.base, self.r, self.scale = base, r, alpha / r
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.A = nn.Parameter(torch.empty(r, base.in_features, dtype=dtype))
+        self.B = nn.Parameter(torch.zeros(base.out_features, r, dtype=dtype))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # like nn.Linear's weight init
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x Aᵀ first: an (…, r) tensor, so the update never builds an out × in matrix
+        return self.base(x) + self.scale * F.linear(F.linear(x, self.A), self.B)
+
+    def merged_weight(self) -> torch.Tensor:
+        """The dense weight this layer is equivalent to: ``W + (alpha/r)·B·A`` (fp32)."""
+        base_w = self.base.dequantize() if hasattr(self.base, "dequantize") else self.base.weight
+        return base_w.float() + self.scale * (self.B.float() @ self.A.float())
+
+
+def _check_rank(r: int, alpha: float) -> None:
+    positive_int(r, "LoRA rank r")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}")
+
+
+def _check_targets(targets: Sequence[str]) -> tuple[str, ...]:
+    targets = tuple(targets)
+    bad = [t for t in targets if t not in _ALL_TARGETS]
+    if not targets or bad:
+        raise ValueError(f"LoRA targets must be a non-empty subset of {_ALL_TARGETS}, got {targets!r}")
+    return targets
+
+
+def add_lora(model: nn.Module, r: int = 8, alpha: float = 16.0,
+             targets: Sequence[str] = DEFAULT_TARGETS) -> nn.Module:
+    """Freeze every parameter of a GPT and wrap the ``targets`` linears of each block (in place).
+
+    Returns the model. Adapters are fp32 whatever the base dtype (as peft does); ``A`` is drawn
+    from torch's global generator, so seed it for reproducible runs.
+    """
+    _check_rank(r, alpha)
+    targets = _check_targets(targets)
+    if not hasattr(model, "blocks"):
+        raise TypeError(f"add_lora expects a course GPT (with .blocks), got {type(model).__name__}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.blocks:
+        for target in targets:
+            parent_name, child_name = target.split(".")
+            parent = getattr(block, parent_name)
+            child = getattr(parent, child_name)
+            if isinstance(child, LoRALinear):
+                raise ValueError(f"{target} already has a LoRA adapter")
+            setattr(parent, child_name, LoRALinear(child, r, alpha))
+    return model
+
+
+def lora_layers(model: nn.Module) -> list[LoRALinear]:
+    """Every :class:`LoRALinear` in ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    """Number of parameters with ``requires_grad`` (what the optimizer updates)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def lora_param_count(config: GPTConfig | str, r: int, targets: Sequence[str] = DEFAULT_TARGETS) -> int:
+    """Adapter parameters from the sizes alone: ``r·(in + out)`` per wrapped linear per block.
+
+    For width h: qkv r·(h + 3h), attn.proj r·2h, mlp.fc r·5h, mlp.proj r·5h.
+    """
+    _check_rank(r, 1.0)
+    h = get_config(config).d_model
+    in_out = {"attn.qkv": (h, 3 * h), "attn.proj": (h, h), "mlp.fc": (h, 4 * h), "mlp.proj": (4 * h, h)}
+    per_block = sum(r * sum(in_out[t]) for t in _check_targets(targets))
+    return get_config(config).n_layer * per_block
+
+
+def lora_state_bytes(frozen_weight_bytes: int, n_adapter: int, n_adapter_tensors: int,
+                     optimizer_states: int = 2) -> dict[str, int]:
+    """Model states of LoRA training with fp32 adapters and fp32 Adam.
+
+    ``params`` = the frozen weights (as stored) + 4 B per adapter parameter; ``grads`` = 4 B per
+    adapter parameter only; ``optimizer`` = ``optimizer_states`` × 4 B per adapter parameter + a
+    4-byte Adam ``step`` per adapter tensor.
+    """
+    out = {"params": frozen_weight_bytes + 4 * n_adapter, "grads": 4 * n_adapter,
+           "optimizer": 4 * optimizer_states * n_adapter + 4 * n_adapter_tensors * (optimizer_states > 0)}
+    return {**out, "model_states": sum(out.values())}
+
+
+def merged_reference_check(layer: LoRALinear, x: torch.Tensor) -> dict[str, float]:
+    """Compare a :class:`LoRALinear` with autograd through its merged dense weight.
+
+    The reference is ``F.linear(x, W + s·B_ref·A_ref, b)`` with ``A_ref``, ``B_ref`` fresh leaf
+    copies; both sides back-propagate the same random upstream gradient. Returns the largest
+    absolute differences of the output and of the gradients of ``A`` and ``B`` (``A``/``B``'s
+    ``.grad`` are left as they were).
+    """
+    saved = (layer.A.grad, layer.B.grad)
+    layer.A.grad = layer.B.grad = None
+    gen = torch.Generator().manual_seed(0)
+    y = layer(x)
+    upstream = torch.randn(y.shape, generator=gen, dtype=y.dtype)
+    (y * upstream).sum().backward()
+    a_ref = layer.A.detach().clone().requires_grad_(True)
+    b_ref = layer.B.detach().clone().requires_grad_(True)
+    base_w = layer.base.dequantize() if hasattr(layer.base, "dequantize") else layer.base.weight
+    bias = getattr(layer.base, "bias", None)
+    y_ref = F.linear(x, base_w.detach() + layer.scale * (b_ref @ a_ref),
+                     None if bias is None else bias.detach())
+    (y_ref * upstream).sum().backward()
+    out = {"forward": (y - y_ref).abs().max().item(),
+           "grad_A": (layer.A.grad - a_ref.grad).abs().max().item(),
+           "grad_B": (layer.B.grad - b_ref.grad).abs().max().item()}
+    layer.A.grad, layer.B.grad = saved
+    return out

@@ -1,0 +1,156 @@
+"""Which hardware a run uses: CPU cores, GPUs, the backend, threads per rank.
+
+Every launcher asks :func:`plan` first, so bad requests fail here, with a clear message, before a
+single process starts. The rules (chapter 00 explains them):
+
+* no GPU (or ``device="cpu"``): gloo, CPU tensors, ``cores // nprocs`` threads per rank;
+* at least ``nprocs`` GPUs: NCCL, one GPU per rank (``cuda:rank``);
+* fewer GPUs than ranks: CPU + gloo by default (the course still runs); ``device="cuda"`` then
+  puts several ranks on the same GPU(s) round-robin with gloo, which supports CUDA tensors
+  (NCCL refuses two ranks on one GPU). With exactly one GPU, ``nprocs=1`` gives a one-rank NCCL
+  run whose CUDA memory statistics are real.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.common.checks import is_int
+
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+
+
+def cpu_count() -> int:
+    """Cores this process may run on: its affinity mask, capped by a container's CPU quota.
+
+    A Binder or Kubernetes pod limited to 2 CPUs on a 64-core host sees 64 cores in its affinity
+    mask; sizing threads by that would run 32 threads per rank on 2 CPUs' worth of time.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs allowed by the cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), or None if unlimited."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def gpu_count() -> int:
+    """Number of CUDA GPUs visible to this process (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def max_ranks() -> int:
+    """The largest world size the course allows on this machine.
+
+    8 ranks are always allowed (the course's "8 GPUs" examples run oversubscribed on 2 cores);
+    bigger machines may use up to 2 ranks per core.
+    """
+    return max(8, 2 * cpu_count())
+
+
+def loopback_interface() -> str:
+    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
+    try:
+        for _, name in socket.if_nameindex():
+            if name.startswith("lo"):
+                return name
+    except OSError:
+        pass
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ranks run: backend, device type, device of each rank, threads per rank."""
+
+    nprocs: int
+    backend: str
+    device: str
+    threads: int
+
+    def device_of(self, rank: int) -> torch.device:
+        """The torch device rank ``rank`` computes on."""
+        if self.device == "cpu":
+            return torch.device("cpu")
+        return torch.device("cuda", rank % gpu_count())
+
+
+def plan(nprocs: int, backend: str | None = None, device: str | None = None,
+         threads: int | None = None) -> Placement:
+    """Validate a launch request and decide backend, device and threads per rank.
+
+    Raises ``ValueError`` (or ``RuntimeError`` for CUDA without GPUs) with a message that says
+    what to change. Nothing is started here.
+    """
+    if not is_int(nprocs):
+        raise TypeError(f"nprocs must be an int, got {type(nprocs).__name__}")
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if nprocs > max_ranks():
+        raise ValueError(f"nprocs={nprocs} is more than this machine allows ({max_ranks()} ranks "
+                         f"on {cpu_count()} cores); every rank is a real process")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS} or None (auto)")
+    if device is not None and device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {DEVICES} or None (auto)")
+    gpus = gpu_count()
+    if (device == "cuda" or backend == "nccl") and gpus == 0:
+        raise RuntimeError(f"{'device=cuda' if device == 'cuda' else 'backend=nccl'} was requested "
+                           "but this machine has no CUDA GPU; use the default (gloo on CPU)")
+    if backend == "nccl" and device == "cpu":
+        raise ValueError("NCCL only moves CUDA tensors; use backend='gloo' for device='cpu'")
+    if backend == "nccl" and nprocs > gpus:
+        raise ValueError(f"NCCL needs one GPU per rank: {nprocs} ranks but {gpus} GPU(s); "
+                         "use fewer ranks, or backend='gloo' (ranks then share GPUs)")
+    if device is None:
+        device = "cuda" if backend == "nccl" or (backend is None and 0 < nprocs <= gpus) else "cpu"
+    if backend is None:
+        backend = "nccl" if device == "cuda" and nprocs <= gpus else "gloo"
+    if threads is None:
+        threads = max(1, cpu_count() // nprocs)
+    elif threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    return Placement(nprocs=nprocs, backend=backend, device=device, threads=threads)
+
+
+def describe() -> dict:
+    """Facts for the environment check in chapter 00: cores, memory, GPUs, torch, backend."""
+    import psutil
+
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpu_cores": cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": gpu_count(),
+        "gloo": torch.distributed.is_gloo_available(),
+        "nccl": torch.distributed.is_nccl_available() and gpu_count() > 0,
+        "default_backend_4_ranks": plan(4).backend,
+    }
+    if info["gpus"]:
+        info["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(info["gpus"])]
+    return info

@@ -1,0 +1,265 @@
+"""``run``: a function typed in a notebook cell, executed on N real processes.
+
+Why not ``torch.multiprocessing.spawn``? It cannot start a function defined in a notebook cell
+(the child looks it up in ``__main__`` and fails), and ``torchrun`` costs seconds per launch on a
+laptop because every rank imports torch again. Here:
+
+* ranks are forked from a **warm fork server** (like ``multiprocessing``'s forkserver, with
+  torch preloaded), so a 4-rank launch costs tens of milliseconds after the first one;
+* the function is shipped **by value** with cloudpickle, so cell-defined functions work;
+* rendezvous uses a **file store** in a private temporary directory: no port to collide with
+  another notebook, no host-name look-up (a TCP store stalled 5 s in 1 run of 10 here);
+* each rank's stdout/stderr is streamed live into the cell, prefixed ``[rank r]``;
+* a failing rank, a timeout or an interrupt ends *every* rank; a dying parent takes its ranks
+  with it through a lifeline pipe (see :mod:`course_lib.launcher._worker`), which also releases the
+  ranks together once every result is in.
+
+Chapter 00 introduces it; every later chapter runs its experiments with it. For scripts and
+multi-node command lines, see :mod:`course_lib.torchrun`.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import selectors
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cloudpickle
+
+from course_lib.launcher import devices, progress
+from course_lib.launcher._rank_pipes import Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._warm import WarmServer
+
+__all__ = ["run", "RankError", "RunReport", "warm_up"]
+
+
+class RankError(RuntimeError):
+    """A rank failed. ``rank``, ``exc_type`` and ``remote_traceback`` tell which and why."""
+
+    def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str):
+        self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
+        super().__init__(f"rank {rank} of {nprocs} failed with {exc_type}: {message}\n"
+                         f"\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}\n"
+                         f"--- the other ranks were stopped ---")
+
+
+class _ServerCache:
+    """The one warm server of this process, started on first use (restarted if it died)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: WarmServer | None = None
+
+    def get(self) -> WarmServer:
+        with self._lock:
+            if self._server is None or not self._server.alive():
+                self._server = WarmServer.start()
+            return self._server
+
+
+_SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
+
+
+def warm_up() -> None:
+    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast."""
+    _SERVERS.get()
+
+
+def _failure_of(state: Rank, nprocs: int) -> RankError:
+    if state.outcome and state.outcome[0] == "error":
+        _, exc_type, message, tb = state.outcome
+        return RankError(state.rank, nprocs, exc_type, message, tb)
+    code = state.exitcode
+    if code is not None and code < 0:
+        how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    else:
+        how = f"exited with code {code}"
+    return RankError(state.rank, nprocs, "ProcessDied", f"the process {how} before returning",
+                     "(no Python traceback: the process ended abruptly)")
+
+
+def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
+    """Source lines of ``fn``'s file when only this process knows them (a notebook cell)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or os.path.exists(code.co_filename):
+        return {}
+    lines = linecache.getlines(code.co_filename)
+    return {code.co_filename: lines} if lines else {}
+
+
+def _module_of(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The module a by-reference function lives in (imported once by the warm server)."""
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name or "")
+    if name in (None, "__main__") or not getattr(module, "__file__", None):
+        return ()
+    return (name,)
+
+
+@dataclass
+class RunReport:
+    """What one ``run`` observed about its own ranks; pass ``run(..., report=RunReport())``.
+
+    ``exit_statuses``: each rank's exit status in rank order (0 = clean exit, negative = killed
+    by that signal, e.g. -6 SIGABRT; ``None`` = had not ended within the 5-second drain).
+    ``phases``: ``(phase, seconds since run was called)`` for the launching process, and
+    ``rank_phases[r]`` the same for rank ``r`` — the launch-overhead breakdown printed by
+    ``benchmarks/bench_launch.py``.
+    """
+
+    exit_statuses: list = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    rank_phases: list = field(default_factory=list)
+
+
+def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None = None,
+        device: str | None = None, timeout: float = 120.0, threads: int | None = None,
+        report: RunReport | None = None, **kwargs: Any) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``nprocs`` processes with torch.distributed initialised.
+
+    Returns the per-rank return values in rank order. Inside ``fn``, ``dist.get_rank()`` and
+    ``dist.get_world_size()`` work as usual (and ``RANK``/``WORLD_SIZE`` are set as torchrun
+    sets them). ``backend``/``device`` override the automatic choice (gloo on CPU; NCCL with one
+    GPU per rank when there are enough GPUs — see :func:`course_lib.launcher.devices.plan`).
+    ``timeout`` (seconds) bounds the whole run; ``threads`` sets torch threads per rank.
+    ``report``, a :class:`RunReport`, is filled in with the ranks' exit statuses and a timing
+    breakdown (for tests and benchmarks).
+    The names ``backend``, ``device``, ``timeout``, ``threads`` and ``report`` belong to ``run``:
+    to give ``fn`` arguments with those names, wrap it with ``functools.partial``.
+
+    Raises :class:`RankError` naming the first rank that failed (with its traceback),
+    ``TimeoutError`` when ranks do not finish in time; on any error or interrupt all ranks are
+    killed before ``run`` returns.
+    """
+    start = time.monotonic()
+    phases = [("called", start)]
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    placement = devices.plan(nprocs, backend, device, threads)
+    try:
+        payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
+    except Exception as exc:
+        raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
+                        f"ranks: {exc}") from exc
+
+    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
+    phases.append(("checked and pickled", time.monotonic()))
+    server = _SERVERS.get()
+    phases.append(("server ready", time.monotonic()))
+    workdir = tempfile.mkdtemp(prefix="course_lib_run_")
+    lifeline_r, lifeline_w = os.pipe()
+    ranks: list[Rank] = []
+    sel = selectors.DefaultSelector()
+    succeeded, pipes = False, []
+    try:
+        pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")}
+                 for _ in range(nprocs)]
+        jobs = [(rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
+                for rank in range(nprocs)]
+        try:
+            pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
+                                       p["exit"][1]] for p in pipes], _module_of(fn))
+        finally:
+            for p in pipes:
+                for _, w in p.values():  # the server and the child hold their own copies
+                    os.close(w)
+        phases.append(("ranks forked", time.monotonic()))
+        for rank, (pid, p) in enumerate(zip(pids, pipes)):
+            state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
+            ranks.append(state)
+            for name, fd in state.fds.items():
+                sel.register(fd, selectors.EVENT_READ, (state, name))
+        pipes = []
+        os.close(lifeline_r)
+        lifeline_r = -1
+        results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
+        phases.append(("results in", time.monotonic()))
+        succeeded = True
+        return results
+    finally:
+        # After a success, every rank has closed its output and waits for a byte on the lifeline
+        # to end (status 0). Unless exit statuses are asked for, release them only on the way
+        # out: their exits (~10 ms of CPU each, the server reaps them) then overlap with
+        # whatever the caller does next instead of delaying this return.
+        release_late = succeeded and report is None  # a report waits for the exit statuses
+        if not release_late:
+            _release(lifeline_w, nprocs if succeeded else 0)
+            lifeline_w = -1
+        try:
+            for state in ranks:
+                if state.outcome is None:
+                    state.kill()
+            drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            if not succeeded:
+                for state in ranks:
+                    state.kill()  # one that answered and still did not end
+            phases.append(("output closed" if release_late else "ranks ended", time.monotonic()))
+            sel.close()
+            for state in ranks:
+                for fd in state.fds.values():
+                    os.close(fd)
+            for p in pipes:  # pipes of ranks that never started (the server failed)
+                for r, _ in p.values():
+                    os.close(r)
+            if lifeline_r >= 0:
+                os.close(lifeline_r)
+            shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            if lifeline_w >= 0:
+                _release(lifeline_w, nprocs)
+        if report is not None:
+            report.exit_statuses = [state.exitcode for state in ranks]
+            report.phases = [(name, t - start) for name, t in phases]
+            report.rank_phases = [[(name, t - start) for name, t in state.stamps]
+                                  for state in ranks]
+
+
+def _release(lifeline_w: int, nprocs: int) -> None:
+    """Write one byte per rank on the lifeline (each ends cleanly), then close it (any rank still
+    working kills itself — the same as when the parent dies)."""
+    try:
+        os.write(lifeline_w, b"x" * nprocs)
+    except OSError:  # BrokenPipeError: every rank has gone already
+        pass
+    finally:
+        os.close(lifeline_w)
+
+
+def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, deadline: float,
+               timeout: float) -> list:
+    """Forward output and collect results until every rank answered, one failed, or time is up."""
+    waiting = set(range(nprocs))
+    with progress.watch(f"run on {nprocs} ranks", nprocs) as view:  # silent outside a notebook
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"rank(s) {sorted(waiting)} of {nprocs} did not finish within "
+                                   f"{timeout:g} s; a collective may be waiting for a rank that "
+                                   "never calls it (pass a larger timeout= if the work is just "
+                                   "slow)")
+            for key, _ in sel.select(timeout=min(remaining, view.wait)):
+                state, name = key.data
+                if pump(state, name, key.fd, sel):
+                    continue
+                if name == "result":
+                    if state.outcome is None or state.outcome[0] == "error":
+                        wait_exit(state, sel)
+                        raise _failure_of(state, nprocs)
+                    waiting.discard(state.rank)
+                    view.update(done=nprocs - len(waiting))
+                elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):
+                    raise _failure_of(state, nprocs)
+            view.tick()
+        for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
+            if key.data[1] in ("out", "err"):
+                pump(key.data[0], key.data[1], key.fd, sel)
+    return [cloudpickle.loads(state.outcome[1]) for state in ranks]

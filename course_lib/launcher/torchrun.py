@@ -1,0 +1,211 @@
+"""Scripts under the real ``torchrun`` launcher: from a notebook, and on a cluster.
+
+:func:`course_lib.run` is the fast path for interactive cells. This module is the path that
+scales past one machine: it runs a script (or ``-m module``) under ``torchrun`` exactly as a
+learner would on a cluster, streams each rank's output into the cell as ``[rank r] ...``, and
+shows the command line to type on real nodes (:func:`cluster_command`).
+
+Worker scripts call :func:`init_distributed`, which works unchanged under ``torchrun``, under
+``course_lib.run`` (already initialised) and as a plain single process (world size 1).
+Chapter 00 introduces it; chapter 5 runs two "nodes"; chapter 6 restarts failed workers.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import selectors
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Sequence
+
+import torch.distributed as dist
+
+from course_lib.launcher import devices, progress
+
+__all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError"]
+
+_PREFIX = re.compile(rb"^\[(?:default|[a-z_]+)(\d+)\]:(?:\[rank\d+\]:)?")
+
+
+class TorchrunError(RuntimeError):
+    """torchrun exited with an error; ``rank`` is the failing rank when torchrun named one."""
+
+    def __init__(self, returncode: int, rank: int | None, output: str):
+        self.returncode, self.rank, self.output = returncode, rank, output
+        lines = output.rstrip().splitlines()
+        if rank is not None:
+            who = f"rank {rank} failed"
+            tail = [ln for ln in lines if ln.startswith(f"[rank {rank}] ")][-20:]
+        else:
+            who, tail = "the job failed", lines[-20:]
+        text = "\n".join(tail) or "(it printed nothing)"
+        super().__init__(f"torchrun exited with code {returncode}: {who}\n"
+                         f"--- last lines from {'rank ' + str(rank) if rank is not None else 'the job'}"
+                         f" ---\n{text}")
+
+
+@dataclass(frozen=True)
+class TorchrunResult:
+    """What a finished torchrun job printed (rank-prefixed) and how long it took."""
+
+    command: list[str]
+    output: str
+    seconds: float
+
+
+def torchrun_command(target: str, nprocs: int = 2, args: Sequence[str] = (), *, nnodes: int = 1,
+                     node_rank: int = 0, endpoint: str = "127.0.0.1:0", max_restarts: int = 0,
+                     module: bool = False) -> list[str]:
+    """The torchrun argument list for ``target`` (a script path, or a module if ``module``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+           f"--nproc-per-node={nprocs}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+           f"--max-restarts={max_restarts}", "--tee=3"]
+    if nnodes > 1:
+        cmd.append(f"--node-rank={node_rank}")
+    if endpoint.startswith("127.0.0.1"):
+        cmd.append("--local-addr=127.0.0.1")  # no host-name look-ups on one machine
+    cmd += (["-m", target] if module else [target]) + [str(a) for a in args]
+    return cmd
+
+
+def cluster_command(target: str, nprocs_per_node: int, nnodes: int, args: Sequence[str] = (),
+                    head: str = "$HEAD_NODE_ADDR:29500", max_restarts: int = 3) -> str:
+    """What to type on *each* of ``nnodes`` machines to run ``target`` on a real cluster."""
+    parts = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nprocs_per_node}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint={head}", "--rdzv-id=$JOB_ID",
+             f"--max-restarts={max_restarts}", target, *map(str, args)]
+    return " ".join(parts)
+
+
+def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_restarts: int = 0,
+             timeout: float = 300.0, module: bool = False, env: dict | None = None,
+             quiet: bool = False) -> TorchrunResult:
+    """Run ``target`` under torchrun on this machine; stream its output; raise on failure.
+
+    The whole process tree (torchrun and its workers, which live in their own sessions) is
+    supervised by :mod:`course_lib.launcher._reaper`: a timeout, an interrupt or a dying kernel leaves
+    no process behind.
+    """
+    devices.plan(nprocs)  # same limits and messages as run()
+    if not module and not os.path.isfile(target):
+        raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
+    cmd = torchrun_command(target, nprocs, args, max_restarts=max_restarts, module=module)
+    threads = str(max(1, devices.cpu_count() // nprocs))
+    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **(env or {}), "PYTHONUNBUFFERED": "1",
+                 "COURSE_PROGRESS_CHANNEL": "1"}  # lets progress.report() in ranks reach us
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher._reaper", *cmd],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=child_env)
+    lines: list[str] = []
+    try:
+        name = target if module else os.path.basename(target)
+        with progress.watch(f"torchrun {name} on {nprocs} ranks") as view:  # silent outside Jupyter
+            _stream(proc, lines, start + timeout, quiet, view)
+            code = proc.wait()
+    except TimeoutError:
+        proc.terminate()
+        proc.wait(10)
+        raise TimeoutError(f"torchrun did not finish within {timeout:g} s; all its processes "
+                           "were stopped") from None
+    finally:
+        if proc.poll() is None:  # interrupted: closing stdin tells the reaper to kill the tree
+            proc.stdin.close()
+            proc.terminate()
+            proc.wait(10)
+    output = "\n".join(lines)
+    if code != 0:
+        # torchrun's summary lists other failures first, then "Root Cause (first observed
+        # failure)": name the root cause's rank when there is one
+        root = output[output.find("Root Cause"):] if "Root Cause" in output else output
+        match = re.findall(r"rank\s*:\s*(\d+)", root)
+        raise TorchrunError(code, int(match[0]) if match else None, output)
+    return TorchrunResult(cmd, output, time.monotonic() - start)
+
+
+def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bool,
+            view: progress.View) -> None:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    partial = b""
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        ready = sel.select(timeout=view.wait / 2)
+        view.tick()
+        if not ready:
+            continue
+        data = os.read(proc.stdout.fileno(), 1 << 16)
+        *complete, partial = (partial + data).split(b"\n") if data else ([partial] if partial else []) + [b""]
+        for raw in complete:
+            if not raw.strip():
+                continue
+            match = _PREFIX.match(raw)
+            rank = int(match.group(1)) if match else None
+            body = raw[match.end() if match else 0:].decode("utf-8", "replace")
+            if view.line(rank, body, sys.stdout, echo=not quiet):  # False: a progress report
+                lines.append(progress.prefix(rank) + body)
+        if not data:
+            sel.close()
+            return
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Join the process group from torchrun's environment; return ``(rank, world_size)``.
+
+    * inside :func:`course_lib.run` (already initialised): nothing to do;
+    * under torchrun: connect to the agent's store at ``MASTER_ADDR:MASTER_PORT`` through a
+      ``PrefixStore`` named after ``TORCHELASTIC_RESTART_COUNT`` — after a restart, a plain
+      ``init_process_group`` finds the previous attempt's keys and fails or hangs
+      (seen here 5 times in 6); a fresh namespace per attempt fixed it (8 of 8);
+    * no ``RANK`` in the environment: a one-process group, so the same script runs alone.
+
+    It also makes the process end with ``os._exit`` once the script is done (exit code 0, or 1
+    after an uncaught exception): an ordinary interpreter shutdown with live gloo threads aborts
+    with "terminate called without an active exception" in 10-30 % of runs, which torchrun
+    reports as a failed rank.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    placement = devices.plan(world, backend, None) if world <= devices.max_ranks() else None
+    backend = backend or (placement.backend if placement else "gloo")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", devices.loopback_interface()
+                          if os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost")
+                          else "")
+    if not os.environ["GLOO_SOCKET_IFNAME"]:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+    if "MASTER_ADDR" in os.environ:
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                             is_master=False, timeout=timedelta(seconds=60))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"course_lib/attempt{attempt}", base)
+    else:
+        import tempfile
+        store = dist.FileStore(tempfile.mktemp(prefix="course_lib_single_"), 1)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    _exit_without_finalizing()
+    return rank, world
+
+
+def _exit_without_finalizing() -> None:
+    """At exit, flush and ``os._exit`` before the interpreter tears down gloo's threads."""
+    failed = []
+    previous_hook = sys.excepthook
+
+    def hook(*exc_info):
+        failed.append(True)
+        previous_hook(*exc_info)
+
+    def leave() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(1 if failed else 0)
+
+    sys.excepthook = hook
+    atexit.register(leave)

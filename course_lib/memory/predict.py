@@ -1,0 +1,180 @@
+"""Predictions: how many bytes training should take, from the sizes alone.
+
+Chapter 1 (``01_training_memory``) puts every number here next to a measurement from
+:func:`course_lib.memory.tracker.measure_step`; the predictions never read a measurement.
+
+* **Model states** (:func:`bytes_per_param`, :func:`model_state_bytes`): weights, gradients and
+  optimizer states. fp32 Adam keeps 4 + 4 + 4·2 = 16 bytes per parameter — the "16 B/param rule"
+  (Rajbhandari et al., ZeRO, 2020, count 2 + 2 + 12 for fp16 mixed precision: also 16). Exact to
+  the byte, including the 4-byte ``step`` counter Adam keeps per parameter *tensor*.
+* **Activations** (:func:`activation_terms`): what autograd saves for backward in our GPT,
+  derived tensor by tensor (exact to the byte on CPU). Korthikanti et al. (2022, "Reducing
+  Activation Recomputation in Large Transformer Models") count ``s·b·h·(34 + 5·a·s/h)`` bytes per
+  layer for 16-bit activations *with* dropout and *stored* attention scores
+  (:func:`korthikanti_bytes`). Our blocks have no dropout (−2 s·b·h: the two masks) and
+  flash-style SDPA keeps one fp32 log-sum-exp per row instead of the ``a·s²`` scores, which leaves
+  ``16·s·b·h`` *elements* per layer: 32·s·b·h bytes in bf16, 64·s·b·h in fp32.
+* **Peak** (:func:`peak_bytes`): the larger of two moments every step passes through.
+
+Later chapters add the ZeRO / FSDP divisions of :func:`model_state_bytes` here.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from course_lib.common.models import GPTConfig, get_config, param_count
+from course_lib.common.training import OPTIMIZERS, STATES_PER_PARAM, validate_optimizer
+
+__all__ = ["PRECISIONS", "OPTIMIZERS", "RULE_BYTES_PER_PARAM", "validate", "bytes_per_param",
+           "model_state_bytes", "gpt_param_tensors", "model_state_bytes_for", "inference_bytes",
+           "activation_terms", "activation_bytes", "korthikanti_bytes", "batch_bytes",
+           "peak_bytes", "predict_step"]
+
+PRECISIONS = ("fp32", "amp", "bf16")
+#: The rule of thumb for fp32 (or mixed-precision) Adam training.
+RULE_BYTES_PER_PARAM = 16
+
+_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2}  # amp = autocast: fp32 weights, bf16 compute
+
+
+def validate(precision: str = "fp32", optimizer: str = "adam") -> None:
+    """Raise a clear ``ValueError`` for an unknown precision or optimizer name."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+    validate_optimizer(optimizer)
+
+
+def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
+    """Bytes per parameter of weights, gradients and optimizer states (and their total).
+
+    Gradients and optimizer states take the weights' dtype: fp32 Adam 4+4+8 = 16, AMP (fp32
+    weights) 16, bf16 Adam 2+2+4 = 8, fp32 SGD 8, fp32 SGD with momentum 12.
+    """
+    validate(precision, optimizer)
+    w = _WEIGHT_BYTES[precision]
+    table = {"params": w, "grads": w, "optimizer": STATES_PER_PARAM[optimizer] * w}
+    return {**table, "total": sum(table.values())}
+
+
+def model_state_bytes(n_params: int, precision: str = "fp32", optimizer: str = "adam", *,
+                      n_tensors: int = 0, buffer_bytes: int = 0) -> dict[str, int]:
+    """Bytes of params, grads, optimizer states and buffers for ``n_params`` parameters.
+
+    ``n_tensors`` (number of parameter tensors) adds Adam's 4-byte fp32 ``step`` counter per
+    tensor; ``buffer_bytes`` adds non-trainable buffers. ``model_states`` is the sum.
+    """
+    per = bytes_per_param(precision, optimizer)
+    steps = 4 * n_tensors if optimizer in ("adam", "adamw") else 0
+    out = {"params": per["params"] * n_params, "buffers": buffer_bytes,
+           "grads": per["grads"] * n_params, "optimizer": per["optimizer"] * n_params + steps}
+    return {**out, "model_states": sum(out.values())}
+
+
+def gpt_param_tensors(config: GPTConfig) -> int:
+    """Number of parameter tensors of ``GPT(config)`` (each gets its own Adam ``step``)."""
+    per_layer_norm = 1 + int(config.bias)
+    per_block = 2 * per_layer_norm + 4 * (1 + int(config.bias))  # 2 LayerNorms, 4 Linears
+    head = per_layer_norm + (0 if config.tie_weights else 1)      # ln_f, lm_head
+    return config.n_layer * per_block + 2 + head                    # + tok_emb, pos_emb
+
+
+def model_state_bytes_for(model: nn.Module | GPTConfig | str, precision: str = "fp32",
+                          optimizer: str = "adam") -> dict[str, int]:
+    """:func:`model_state_bytes` for a GPT config / preset name (from the formula) or a module."""
+    if isinstance(model, nn.Module):
+        params = [p for p in model.parameters() if p.requires_grad]
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        return model_state_bytes(sum(p.numel() for p in params), precision, optimizer,
+                                 n_tensors=len(params), buffer_bytes=buffers)
+    config = get_config(model)
+    return model_state_bytes(param_count(config), precision, optimizer,
+                             n_tensors=gpt_param_tensors(config))
+
+
+def inference_bytes(n_params: int, precision: str = "fp32") -> int:
+    """Weights only: what inference must hold at least (no grads, no optimizer, nothing saved)."""
+    validate(precision)
+    return _WEIGHT_BYTES[precision] * n_params
+
+
+def activation_terms(config: GPTConfig | str, batch_size: int, seq_len: int,
+                     precision: str = "fp32") -> dict[str, int]:
+    """Bytes autograd saves during one forward of ``GPT(config)``, term by term.
+
+    Per layer, with b = batch, s = seq_len, h = d_model, a = n_head:
+
+    * residual stream saved twice (inputs of ln1 and ln2): 2·R·bsh (R = 4 in fp32 and AMP, 2 bf16);
+    * LayerNorm outputs (inputs of qkv and fc) 2, qkv 3, attention output 1, fc output 4,
+      GELU output 4: 14·A·bsh (A = 4 in fp32, 2 in AMP and bf16);
+    * LayerNorm mean and rstd: 4·bs·S (S = 4, except 2 in bf16);
+    * attention: SDPA keeps a fp32 log-sum-exp per row, 4·bas; explicit attention keeps the
+      softmax A·bas² plus a boolean causal mask s²;
+    * AMP only: the bf16 copies of the 12h² linear weights that autocast saves for backward.
+
+    Plus the final LayerNorm, the logits' fp32 log-softmax (4·bsV), position ids and 8 bytes of
+    loss scalars. Exact for the CPU kernels of torch 2.x; GPU kernels may differ by small terms.
+    """
+    config = get_config(config)
+    validate(precision)
+    b, s, h, a, v = batch_size, seq_len, config.d_model, config.n_head, config.vocab_size
+    resid, act = _WEIGHT_BYTES[precision], {"fp32": 4, "amp": 2, "bf16": 2}[precision]
+    stat = 2 if precision == "bf16" else 4
+    attn = act * b * a * s * s + s * s if config.attention == "explicit" else 4 * b * a * s
+    amp_copies = 2 * 12 * h * h if precision == "amp" else 0
+    layer = (2 * resid + 14 * act) * b * s * h + 4 * b * s * stat + attn + amp_copies
+    head = (resid + act) * b * s * h + 2 * b * s * stat + (2 * v * h if precision == "amp" else 0)
+    return {"blocks": config.n_layer * layer, "final_norm": head, "logits": 4 * b * s * v,
+            "positions": 8 * s, "loss": 8}
+
+
+def activation_bytes(config: GPTConfig | str, batch_size: int, seq_len: int,
+                     precision: str = "fp32") -> int:
+    """Total of :func:`activation_terms`: activations alive at the end of the forward pass."""
+    return sum(activation_terms(config, batch_size, seq_len, precision).values())
+
+
+def korthikanti_bytes(config: GPTConfig | str, batch_size: int, seq_len: int) -> int:
+    """Korthikanti et al.'s ``L·s·b·h·(34 + 5·a·s/h)`` bytes (16-bit, dropout, stored scores)."""
+    c = get_config(config)
+    sbh = seq_len * batch_size * c.d_model
+    return c.n_layer * (34 * sbh + 5 * c.n_head * seq_len * seq_len * batch_size)
+
+
+def batch_bytes(batch_size: int, seq_len: int) -> int:
+    """Bytes of one ``(inputs, targets)`` batch of int64 token ids."""
+    return 2 * 8 * batch_size * seq_len
+
+
+def predict_step(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
+                 optimizer: str = "adam") -> dict[str, int]:
+    """Every category of a :class:`~course_lib.memory.report.MemoryReport`, predicted.
+
+    ``temporaries`` is the logits' gradients (2·4·bsV) when the peak is at the start of
+    backward, else 0 (the peak is then at the end of backward or inside the optimizer step).
+    """
+    c = get_config(config)
+    out = model_state_bytes_for(c, precision, optimizer)
+    logits_grads = 2 * 4 * batch_size * seq_len * c.vocab_size
+    peak = peak_bytes(c, batch_size, seq_len, precision, optimizer)
+    at_start_bw = peak > out["params"] + out["grads"] + out["optimizer"] + batch_bytes(batch_size, seq_len)
+    out.update(activations=activation_bytes(c, batch_size, seq_len, precision),
+               temporaries=logits_grads if at_start_bw else 0,
+               inputs=batch_bytes(batch_size, seq_len), peak=peak)
+    return out
+
+
+def peak_bytes(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
+               optimizer: str = "adam") -> int:
+    """Predicted peak of a steady-state step: the larger of two moments it passes through.
+
+    *Start of backward*: params + optimizer states + all activations + the fp32 gradients of the
+    log-softmax and logits (2·4·bsV); grads were freed by ``zero_grad``. *End of backward*:
+    params + grads + optimizer states. The true peak lies between these moments and can be a
+    little higher (gradients of activations held inside backward), so this is a lower bound.
+    """
+    c = get_config(config)
+    states = model_state_bytes_for(c, precision, optimizer)
+    fixed = states["params"] + states["optimizer"] + batch_bytes(batch_size, seq_len)
+    start_bw = fixed + activation_bytes(c, batch_size, seq_len, precision) \
+        + 2 * 4 * batch_size * seq_len * c.vocab_size
+    return max(start_bw, fixed + states["grads"])

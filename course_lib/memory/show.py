@@ -1,0 +1,157 @@
+"""Chapter 1's figures and widget: what is alive, measured against predicted, over time.
+
+Each figure function returns the ``Figure`` (in a notebook assign it, ``fig = plot_...``, and
+the inline backend shows it once). :func:`memory_explorer` (tests call it) measures one training
+step of a preset and predicts it; :func:`memory_widget` puts dropdowns in front of it.
+"""
+from __future__ import annotations
+
+import textwrap
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from course_lib.common.models import PRESETS, get_config
+from course_lib.display import COLORS, DPI, FIGSIZE
+from course_lib.memory import predict
+from course_lib.memory.report import MemoryReport
+from course_lib.memory.tracker import measure_step
+
+__all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_scaling",
+           "memory_explorer", "show_memory_explorer", "memory_widget"]
+
+_STACK = tuple(COLORS)
+
+
+def _unit(max_bytes: float) -> tuple[str, float]:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= scale:
+            return unit, scale
+    return "B", 1.0
+
+
+def _stacked(ax, labels: Sequence[str], rows: Sequence[Mapping[str, int]], scale: float) -> None:
+    bottoms = [0.0] * len(rows)
+    for key in _STACK:
+        heights = [row.get(key, 0) / scale for row in rows]
+        if not any(heights):
+            continue
+        ax.bar(labels, heights, bottom=bottoms, color=COLORS[key], label=key, edgecolor="white",
+               linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+
+
+def plot_stacked(moments: Mapping[str, Mapping[str, int]], title: str = "What is alive") -> Figure:
+    """One stacked bar per named moment ``{category: bytes}`` (e.g. each report's peak breakdown).
+
+    Stack only things alive at the same moment: a report's category totals never coexist
+    (gradients appear as activations are freed), so their sum overstates memory.
+    """
+    labels, rows = list(moments), list(moments.values())
+    unit, scale = _unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    _stacked(ax, labels, rows, scale)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plot_measured_vs_predicted(measured: Mapping[str, int], predicted: Mapping[str, int],
+                               keys: Sequence[str] = ("params", "grads", "optimizer", "activations", "peak"),
+                               title: str = "Measured vs predicted") -> Figure:
+    """Grouped bars per category: the measurement (solid) beside the prediction (hatched)."""
+    unit, scale = _unit(max(max(measured[k], predicted[k]) for k in keys))
+    xs = range(len(keys))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    colors = [COLORS.get(k, "#333333") for k in keys]
+    ax.bar([x - 0.2 for x in xs], [measured[k] / scale for k in keys], 0.4, color=colors, label="measured")
+    ax.bar([x + 0.2 for x in xs], [predicted[k] / scale for k in keys], 0.4, color="white",
+           edgecolor=colors, hatch="//", label="predicted")
+    ax.set_xticks(list(xs), list(keys))
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(report, title: str = "Memory through two training steps") -> Figure:
+    """Stacked bars of every category after each phase of :func:`measure_step`, then the peak."""
+    labels = [name.replace(" ", "\n") for name, _ in report.timeline] + ["peak"]
+    rows = [snap for _, snap in report.timeline] + [report.peak_breakdown]
+    unit, scale = _unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    _stacked(ax, labels, rows, scale)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
+                 title: str = "Activation memory: measured (dots) vs predicted (lines)") -> Figure:
+    """One panel per entry of ``series``: ``x-axis label -> (xs, measured bytes, predicted bytes)``.
+
+    Panels share the y axis, so growth rates can be compared by eye.
+    """
+    unit, scale = _unit(max(max(m) for _, m, _ in series.values()))
+    fig, axes = plt.subplots(1, len(series), figsize=FIGSIZE, dpi=DPI, squeeze=False, sharey=True)
+    for ax, (name, (xs, measured, predicted)) in zip(axes[0], series.items()):
+        ax.plot(xs, [p / scale for p in predicted], "-", color=COLORS["activations"], label="predicted")
+        ax.plot(xs, [m / scale for m in measured], "o", color="black", label="measured")
+        ax.set_xlabel(textwrap.fill(name, 20))  # long labels on two lines: no overlap
+    axes[0][0].set_ylabel(unit)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+_INTERACTIVE = ("tiny", "small", "medium")
+
+
+def memory_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,
+                    precision: str = "fp32", optimizer: str = "adam",
+                    attention: str = "sdpa") -> tuple[MemoryReport, dict[str, int]]:
+    """Measure two real training steps of a preset and predict them: ``(report, predicted)``."""
+    config = get_config(preset).replace(attention=attention)
+    report = measure_step(config, (batch_size, seq_len), precision=precision, optimizer=optimizer)
+    return report, predict.predict_step(config, batch_size, seq_len, precision, optimizer)
+
+
+def show_memory_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,
+                         precision: str = "fp32", optimizer: str = "adam",
+                         attention: str = "sdpa") -> None:
+    """Print the measured-vs-predicted table of :func:`memory_explorer` and draw its bars."""
+    import matplotlib.pyplot as plt
+
+    try:
+        report, predicted = memory_explorer(preset, batch_size, seq_len, precision, optimizer, attention)
+    except (ValueError, MemoryError) as err:  # e.g. seq_len longer than the preset allows
+        print(f"{type(err).__name__}: {err}")
+        return
+    print(report.table(predicted))
+    plot_measured_vs_predicted(report, predicted, title=f"{preset}, {precision}, {optimizer}: "
+                               f"batch {batch_size} × {seq_len} tokens")
+    plt.show()
+
+
+def memory_widget():
+    """Dropdowns and sliders over :func:`show_memory_explorer`; each change runs a measurement."""
+    import ipywidgets as w
+
+    style = {"description_width": "initial"}
+    return w.interactive(
+        show_memory_explorer,
+        preset=w.Dropdown(options=[p for p in PRESETS if p in _INTERACTIVE], value="tiny", style=style),
+        batch_size=w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=8, style=style),
+        seq_len=w.Dropdown(options=[16, 32, 64, 128, 256], value=64, style=style),
+        precision=w.Dropdown(options=list(predict.PRECISIONS), value="fp32", style=style),
+        optimizer=w.Dropdown(options=list(predict.OPTIMIZERS), value="adam", style=style),
+        attention=w.Dropdown(options=["sdpa", "explicit"], value="sdpa", style=style),
+    )

@@ -1,0 +1,263 @@
+"""Measure where training memory goes, with torch's own allocation tracker.
+
+Chapter 1 (``01_training_memory``) runs real training steps under
+``torch.distributed._tools.mem_tracker.MemTracker``, which sees every tensor storage created
+and freed and files it under params, buffers, grads, optimizer states, activations (created
+in forward) or temporaries (created in backward). Nothing here computes a byte count from a
+formula: the formulas live in :mod:`course_lib.memory.predict` and are compared with these numbers.
+
+* :func:`measure_step` — the chapter-1 entry point: a model (or a :class:`GPTConfig`) and a
+  batch; with ``fake=True`` it runs the same steps on fake tensors (``FakeTensorMode``), so a
+  7B-parameter model can be "measured" on a laptop without allocating its memory.
+* :func:`tracked_steps` — the loop itself, for reuse inside a distributed rank (chapters 2-3)
+  on a DDP / FSDP2-wrapped model with another tracker (e.g. ``FSDPMemTracker``).
+* :func:`measure_inference` — one forward under ``torch.no_grad()``, for comparison.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable
+
+import psutil
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from course_lib.common.checks import is_int
+from course_lib.common.models import GPT, GPTConfig, get_config, param_count
+from course_lib.common.training import default_loss, make_optimizer
+from course_lib.memory import predict
+from course_lib.memory.report import MemoryReport, STATE_KEYS, categorize, format_bytes
+
+__all__ = ["measure_step", "measure_inference", "tracked_steps", "make_optimizer", "default_loss",
+           "GlobalMemTracker"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_DTYPE = {"fp32": torch.float32, "amp": torch.float32, "bf16": torch.bfloat16}
+
+
+class _NoHook:
+    """Stands in for a gradient-hook handle on a frozen parameter (nothing to remove)."""
+
+    def remove(self) -> None:
+        pass
+
+
+class GlobalMemTracker(MemTracker):
+    """``MemTracker`` that keeps only the global "current" and "peak" snapshots, and that
+    accepts frozen parameters.
+
+    The stock tracker also updates a per-module peak for every module after every operator,
+    which made a fake 7B step take ~55 s instead of ~10 s; chapter 1 reads only global snapshots.
+    It also registers a gradient hook on *every* parameter before each module's forward, which
+    fails on frozen ones in torch 2.13 ("cannot register a hook on a tensor that doesn't require
+    gradient") — e.g. LoRA's frozen base (chapter 7). A frozen parameter never gets a gradient,
+    so it gets a do-nothing handle instead of a hook; it is still counted under params.
+    """
+
+    def _track_module_params_and_buffers(self, module: nn.Module,
+                                         install_grad_hooks: bool = True) -> tuple[int, int]:
+        for p in module.parameters():
+            if not p.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def _update_peak_stats(self, peak_state: object) -> None:
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = dict(dev_snap)
+
+
+def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, *,
+                  loss_fn: LossFn | None = None, tracker: MemTracker | None = None,
+                  iterations: int = 2, autocast_dtype: torch.dtype | None = None) -> MemoryReport:
+    """Run ``iterations`` training steps under ``tracker`` and report the last (steady) one.
+
+    Each step is ``zero_grad(set_to_none=True)``, forward + loss (under autocast when
+    ``autocast_dtype`` is set), backward, ``optimizer.step()``; a "current" snapshot is taken
+    after every phase. Without ``tracker`` a fresh ``MemTracker`` is made and the model,
+    optimizer and batch are registered with it; a given tracker (e.g. ``FSDPMemTracker(model,
+    optimizer)`` in chapter 3) must already know them. On a GPU the report adds
+    ``cuda_max_allocated``; note the tracker rounds every CUDA storage up to 512 bytes, so small
+    tensors count a little more there than on the CPU, where formulas match to the byte.
+    """
+    if iterations < 2:
+        raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
+    inputs, targets = batch
+    loss_fn = loss_fn or default_loss
+    device = next(model.parameters()).device
+    if tracker is None:
+        tracker = GlobalMemTracker()
+        tracker.track_external(model, optimizer, inputs, targets)
+    on_cuda = device.type == "cuda" and not isinstance(inputs, FakeTensor)
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    timeline: list[tuple[str, dict[str, int]]] = []
+    with tracker:
+        timeline.append(("start", categorize(tracker.get_tracker_snapshot())))
+        for it in range(1, iterations + 1):
+            tracker.reset_mod_stats()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                                enabled=autocast_dtype is not None):
+                loss = loss_fn(model(inputs), targets)
+            timeline.append((f"{it} forward", categorize(tracker.get_tracker_snapshot())))
+            loss.backward()
+            del loss
+            timeline.append((f"{it} backward", categorize(tracker.get_tracker_snapshot())))
+            optimizer.step()
+            timeline.append((f"{it} step", categorize(tracker.get_tracker_snapshot())))
+    peak = categorize(tracker.get_tracker_snapshot("peak"))
+    after_step, after_forward = timeline[-1][1], timeline[-3][1]
+    measured = {key: after_step[key] for key in STATE_KEYS}
+    measured["model_states"] = sum(measured.values())
+    measured.update(activations=after_forward["activations"], temporaries=peak["temporaries"],
+                    inputs=after_step["inputs"], peak=sum(peak.values()))
+    if on_cuda:  # the caching allocator's own count, for comparison with the tracker's peak
+        measured["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
+    info: dict = {"device": str(device)}
+    n_params = sum(p.numel() for p in model.parameters())
+    return MemoryReport(measured, timeline, peak, n_params, info)
+
+
+def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, int], *,
+                 loss_fn: LossFn | None = None, optimizer: str = "adam", precision: str = "fp32",
+                 fake: bool = False, iterations: int = 2, seed: int = 0) -> MemoryReport:
+    """Measure one steady-state training step, per memory category.
+
+    ``model`` is a module with its ``batch = (inputs, targets)``, or a :class:`GPTConfig` /
+    preset name with ``batch = (batch_size, seq_len)``: the GPT (seeded with ``seed``) and random
+    tokens are then built here, after checking they fit. ``precision``: ``"fp32"``; ``"amp"``
+    (autocast to bf16, fp32 weights); ``"bf16"`` (weights, grads and optimizer states in bf16 — a
+    given module must already be bf16). ``fake=True`` (config only) runs on fake tensors and
+    allocates nothing. Raises ``ValueError`` for bad choices and ``MemoryError`` when a real run
+    would not fit in free RAM — both before allocating.
+    """
+    predict.validate(precision, optimizer)
+    if iterations < 2:
+        raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
+    if isinstance(model, (GPTConfig, str)):
+        config = get_config(model)
+        shape = _shape(batch, config)
+        if not fake:
+            _check_fits(predict.model_state_bytes_for(config, precision, optimizer)["model_states"]
+                        + _flow_bytes(config, shape, precision))
+        with FakeTensorMode() if fake else nullcontext():
+            model, batch = _build(config, shape, precision, seed)
+            opt = make_optimizer(model.parameters(), optimizer, foreach=False if fake else None)
+            report = tracked_steps(model, opt, batch, loss_fn=loss_fn or GPT.loss,
+                                   iterations=iterations, autocast_dtype=_autocast(precision))
+    elif fake:
+        raise ValueError("fake=True needs a GPTConfig or preset name and batch=(batch_size, seq_len), "
+                         "not a module: a built module has already allocated its memory")
+    else:
+        _check_module(model, batch, precision)
+        states = predict.model_state_bytes_for(model, precision, optimizer)
+        extra = states["grads"] + states["optimizer"]
+        if isinstance(model, GPT):
+            extra += _flow_bytes(model.config, tuple(batch[0].shape), precision)
+        _check_fits(extra)
+        opt = make_optimizer(model.parameters(), optimizer)
+        report = tracked_steps(model, opt, batch, loss_fn=loss_fn, iterations=iterations,
+                               autocast_dtype=_autocast(precision))
+    report.info.update(precision=precision, optimizer=optimizer, fake=fake,
+                       batch=tuple(batch[0].shape))
+    return report
+
+
+def measure_inference(model: nn.Module | GPTConfig | str, inputs: torch.Tensor | tuple[int, int],
+                      *, precision: str = "fp32", fake: bool = False, seed: int = 0) -> MemoryReport:
+    """One forward under ``torch.no_grad()``: weights plus short-lived activations, nothing saved.
+
+    Takes the same kinds of arguments as :func:`measure_step` (``inputs`` alone, or a shape).
+    """
+    predict.validate(precision)
+    if isinstance(model, (GPTConfig, str)):
+        config = get_config(model)
+        shape = _shape(inputs, config)
+        if not fake:
+            _check_fits(predict.inference_bytes(param_count(config), precision)
+                        + _flow_bytes(config, shape, precision))
+        with FakeTensorMode() if fake else nullcontext():
+            model, (inputs, _) = _build(config, shape, precision, seed)
+            return _forward_only(model, inputs, precision, fake)
+    if fake:
+        raise ValueError("fake=True needs a GPTConfig or preset name and a (batch_size, seq_len) shape")
+    return _forward_only(model, inputs, precision, fake)
+
+
+def _forward_only(model: nn.Module, inputs: torch.Tensor, precision: str, fake: bool) -> MemoryReport:
+    tracker = GlobalMemTracker()
+    tracker.track_external(model, inputs)
+    device = next(model.parameters()).device
+    with tracker, torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                  enabled=precision == "amp"):
+        start = categorize(tracker.get_tracker_snapshot())
+        out = model(inputs)
+        after = categorize(tracker.get_tracker_snapshot())
+        del out
+    peak = categorize(tracker.get_tracker_snapshot("peak"))
+    measured = {key: start[key] for key in STATE_KEYS}
+    measured["model_states"] = sum(measured.values())
+    measured.update(activations=peak["activations"], temporaries=peak["temporaries"],
+                    inputs=start["inputs"], peak=sum(peak.values()))
+    info = {"mode": "inference", "precision": precision, "fake": fake, "batch": tuple(inputs.shape),
+            "device": str(device)}
+    n_params = sum(p.numel() for p in model.parameters())
+    return MemoryReport(measured, [("start", start), ("forward", after)], peak, n_params, info)
+
+
+def _shape(batch: object, config: GPTConfig) -> tuple[int, int]:
+    ok = (isinstance(batch, tuple) and len(batch) == 2
+          and all(is_int(n) and n > 0 for n in batch))
+    if not ok:
+        raise ValueError(f"with a config, batch must be (batch_size, seq_len) positive ints, got {batch!r}")
+    if batch[1] > config.seq_len:
+        raise ValueError(f"seq_len={batch[1]} exceeds the config's seq_len={config.seq_len}")
+    return batch
+
+
+def _build(config: GPTConfig, shape: tuple[int, int], precision: str, seed: int) -> tuple[GPT, Batch]:
+    torch.manual_seed(seed)
+    model = GPT(config, dtype=_DTYPE[precision])
+    fake = isinstance(torch.empty(0), FakeTensor)  # inside FakeTensorMode: no real generator
+    gen = None if fake else torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, config.vocab_size, (shape[0], shape[1] + 1), generator=gen)
+    return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # clone: own storage even if b=1
+
+
+def _autocast(precision: str) -> torch.dtype | None:
+    return torch.bfloat16 if precision == "amp" else None
+
+
+def _flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
+    """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
+    b, s = shape[0], shape[1]
+    return (predict.activation_bytes(config, b, s, precision) + 2 * 4 * b * s * config.vocab_size
+            + predict.batch_bytes(b, s))
+
+
+def _check_module(model: nn.Module, batch: object, precision: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError("model must be an nn.Module, a GPTConfig or a preset name, "
+                        f"got {type(model).__name__}")
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise ValueError("with a module, batch must be a pair of tensors (inputs, targets)")
+    want = _DTYPE[precision]
+    wrong = {p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != want}
+    if wrong:
+        hint = "call model.to(torch.bfloat16) first" if precision == "bf16" else "use an fp32 model"
+        raise ValueError(f"precision={precision!r} needs {want} parameters but the model has "
+                         f"{sorted(map(str, wrong))}: {hint}")
+
+
+def _check_fits(needed: int) -> None:
+    free = psutil.virtual_memory().available
+    if needed > free:
+        raise MemoryError(f"this run needs about {format_bytes(needed)} but only {format_bytes(free)} "
+                          f"of RAM is free; use fake=True to estimate it without allocating, "
+                          f"or a smaller model or batch")

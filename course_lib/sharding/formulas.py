@@ -1,0 +1,186 @@
+"""ZeRO's memory and communication formulas — the paper's and the exact ones for torch's classes.
+
+Chapter 3 (``03_sharding_zero_fsdp``) puts these next to :func:`course_lib.sharding.measure.
+measure_distributed`; nothing here reads a measurement.
+
+**The paper** (Rajbhandari et al., "ZeRO", SC 2020, Figure 1) counts mixed-precision Adam as 2Ψ
+fp16 params + 2Ψ fp16 grads + KΨ optimizer states (K = 12: fp32 master params, momentum,
+variance) per replica, and shards them over N ranks in stages (:func:`paper_bytes`):
+DP ``(4+K)Ψ``, ZeRO-1 (P_os) ``4Ψ + KΨ/N``, ZeRO-2 (P_os+g) ``2Ψ + (2+K)Ψ/N``, ZeRO-3
+(P_os+g+p) ``(4+K)Ψ/N``; its 7.5B-parameter example on 64 GPUs: 120 / 31.4 / 16.6 / 1.9 GB.
+Communication per step: ``2Ψ`` for DP, ZeRO-1 and ZeRO-2 (reduce-scatter + all-gather), ``3Ψ``
+for ZeRO-3 (parameters are gathered twice: forward and backward).
+
+**What torch does** (:func:`per_rank_bytes`, :func:`comm_bytes`), from the parameter shapes:
+
+* our "amp" keeps fp32 master *weights* (4 B), fp32 grads (4 B) and fp32 states (4 B each):
+  :func:`ideal_bytes` is the paper's formula with these sizes (fp32 Adam: 4 + 4 + 8);
+* ``ZeroRedundancyOptimizer`` (ZeRO-1) gives each rank *whole* parameters, largest first, to the
+  rank with the fewest elements so far (:func:`zero1_assignment`) — shares are unequal;
+* FSDP2 splits every parameter along dim 0 like ``torch.chunk``: each rank stores
+  ``ceil(d0/N)`` rows (the last ones padded), its optimizer states only the real rows;
+* Adam keeps a 4-byte ``step`` counter per parameter tensor it updates.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from course_lib.common.models import GPT, GPTConfig, get_config
+from course_lib.common.training import STATES_PER_PARAM
+
+__all__ = ["STAGES", "paper_bytes", "ideal_bytes", "param_shapes", "zero1_assignment", "fsdp_rows",
+           "per_rank_bytes", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
+
+#: Strategy name -> ZeRO stage (0 = plain data parallelism).
+STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
+Shape = tuple[int, ...]
+
+
+def paper_bytes(n_params: float, world: int, k: int = 12) -> dict[str, float]:
+    """The paper's per-rank model-state bytes for DP and ZeRO stages 1-3 (fp16 mixed precision)."""
+    psi = n_params
+    return {"ddp": (4 + k) * psi, "zero1": 4 * psi + k * psi / world,
+            "zero2": 2 * psi + (2 + k) * psi / world, "fsdp": (4 + k) * psi / world}
+
+
+def ideal_bytes(n_params: float, world: int, optimizer: str = "adam",
+                weight_bytes: int = 4, grad_bytes: int = 4, state_bytes: int = 4) -> dict[str, float]:
+    """The paper's staging with the sizes our runs use (4 B weights, grads, each state): no padding.
+
+    ``ddp (w+g+k)Ψ``, ``zero1 (w+g)Ψ + kΨ/N``, ``zero2 wΨ + (g+k)Ψ/N``, ``fsdp (w+g+k)Ψ/N`` with
+    ``k = states × state_bytes`` (fp32 Adam: w = g = 4, k = 8 — the 16 B rule divided in stages).
+    """
+    w, g, k, psi = weight_bytes, grad_bytes, STATES_PER_PARAM[optimizer] * state_bytes, n_params
+    return {"ddp": (w + g + k) * psi, "zero1": (w + g) * psi + k * psi / world,
+            "zero2": w * psi + (g + k) * psi / world, "fsdp": (w + g + k) * psi / world}
+
+
+def param_shapes(model: nn.Module | GPTConfig | str) -> list[Shape]:
+    """Shapes of the trainable parameters in ``model.parameters()`` order (a config: built on meta)."""
+    if not isinstance(model, nn.Module):
+        with torch.device("meta"):
+            model = GPT(get_config(model))
+    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def _numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def zero1_assignment(shapes: Sequence[Shape], world: int) -> list[list[int]]:
+    """Indices of the parameters each rank owns under ``ZeroRedundancyOptimizer``.
+
+    Its algorithm: sort by size, largest first (a stable sort: ties keep model order), and give
+    each parameter to the rank holding the fewest elements so far (the lowest rank on a tie).
+    """
+    order = sorted(range(len(shapes)), key=lambda i: _numel(shapes[i]), reverse=True)
+    owned: list[list[int]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for i in order:
+        rank = sizes.index(min(sizes))
+        owned[rank].append(i)
+        sizes[rank] += _numel(shapes[i])
+    return owned
+
+
+def fsdp_rows(dim0: int, world: int) -> tuple[int, list[int]]:
+    """FSDP2's split of ``dim0`` rows: (padded rows per rank, real rows of each rank)."""
+    chunk = -(-dim0 // world)
+    return chunk, [max(0, min(chunk, dim0 - r * chunk)) for r in range(world)]
+
+
+def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer: str = "adam",
+                   precision: str = "fp32") -> list[dict[str, int]]:
+    """Exact model-state bytes of each rank, as :func:`measure_distributed` should measure them.
+
+    Keys: ``params``, ``grads``, ``optimizer``, ``model_states`` (after the optimizer step) and
+    ``unsharded_params`` / ``model_states_fwd`` (at the end of forward: FSDP's gathered full
+    parameters — bf16 under "amp" — are alive, the sharded grads were freed by
+    ``zero_grad(set_to_none=True)``; DDP's grads live in its buckets and never go away).
+    """
+    if strategy not in STAGES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {tuple(STAGES)}")
+    states = STATES_PER_PARAM[optimizer]
+    counter = 4 if optimizer in ("adam", "adamw") else 0
+    total = sum(_numel(s) for s in shapes)
+    out = []
+    for rank in range(world):
+        if strategy in ("ddp", "zero1"):
+            mine = range(len(shapes)) if strategy == "ddp" else zero1_assignment(shapes, world)[rank]
+            owned = sum(_numel(shapes[i]) for i in mine)
+            row = {"params": 4 * total, "grads": 4 * total,
+                   "optimizer": 4 * states * owned + counter * len(mine), "unsharded_params": 0}
+            row["model_states_fwd"] = row["params"] + row["grads"] + row["optimizer"]
+        else:
+            padded = real = 0
+            for shape in shapes:
+                chunk, rows = fsdp_rows(shape[0] if shape else 1, world)
+                rest = _numel(shape[1:]) if shape else 1
+                padded += chunk * rest
+                real += rows[rank] * rest
+            full = (2 if precision == "amp" else 4) * padded * world
+            row = {"params": 4 * padded, "grads": 4 * padded,
+                   "optimizer": 4 * states * real + counter * len(shapes),
+                   "unsharded_params": full if strategy == "zero2" else 0}
+            row["model_states_fwd"] = row["params"] + row["optimizer"] + row["unsharded_params"]
+        row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
+        out.append(row)
+    return out
+
+
+def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,
+               precision: str = "fp32") -> dict[str, int]:
+    """Message bytes per collective type in one step (see :mod:`course_lib.sharding.comm_counter`).
+
+    DDP all-reduces the fp32 gradients once (``4Ψ``); ZeRO-1 as torch builds it all-reduces them
+    too (DDP does) and then each rank *broadcasts* the parameters it updated (``4Ψ`` in all).
+    FSDP2 all-gathers the padded parameters (in bf16 under "amp") — once for ZeRO-2, twice for
+    FSDP — and reduce-scatters the padded fp32 gradients. On one rank FSDP2 skips its
+    collectives, while DDP and ZeRO-1 still make their calls (which then copy nothing anywhere).
+    """
+    total = sum(_numel(s) for s in shapes)
+    if strategy == "ddp":
+        return {"all_reduce": 4 * total}
+    if strategy == "zero1":
+        return {"all_reduce": 4 * total, "broadcast": 4 * total}
+    if world == 1:
+        return {}
+    padded = sum(fsdp_rows(s[0] if s else 1, world)[0] * _numel(s[1:]) for s in shapes) * world
+    gathers = 2 if strategy == "fsdp" else 1
+    return {"all_gather": gathers * (2 if precision == "amp" else 4) * padded,
+            "reduce_scatter": 4 * padded}
+
+
+def paper_comm(n_params: float, strategy: str) -> float:
+    """The paper's per-step volume in elements: 2Ψ for DP, ZeRO-1 and ZeRO-2; 3Ψ for ZeRO-3."""
+    return (3 if strategy == "fsdp" else 2) * n_params
+
+
+#: How the strategies of this chapter are spelled in the frameworks people use. Megatron-LM:
+#: ``--use-distributed-optimizer`` shards optimizer states and fp32 main params and
+#: reduce-scatters gradients into a full-size gradient buffer (ZeRO-1 memory, ZeRO-2 traffic);
+#: Megatron-FSDP picks the stage with ``--data-parallel-sharding-strategy``.
+NAMES_IN_THE_WILD: list[dict[str, str]] = [
+    {"course": "ddp", "ZeRO": "stage 0 (plain DP)",
+     "DeepSpeed": '"zero_optimization": {"stage": 0}',
+     "FSDP1": "ShardingStrategy.NO_SHARD", "FSDP2": "(DDP; fully_shard has no replicate-all mode)",
+     "Megatron-LM": "default DDP (--data-parallel-sharding-strategy no_shard)"},
+    {"course": "zero1", "ZeRO": "stage 1: P_os",
+     "DeepSpeed": '"zero_optimization": {"stage": 1}',
+     "FSDP1": "(none)", "FSDP2": "(none; torch has ZeroRedundancyOptimizer)",
+     "Megatron-LM": "--use-distributed-optimizer (or Megatron-FSDP with ... optim)"},
+    {"course": "zero2", "ZeRO": "stage 2: P_os+g",
+     "DeepSpeed": '"zero_optimization": {"stage": 2}',
+     "FSDP1": "ShardingStrategy.SHARD_GRAD_OP", "FSDP2": "fully_shard(..., reshard_after_forward=False)",
+     "Megatron-LM": "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads; "
+                    "--use-torch-fsdp2 --torch-fsdp2-no-reshard-after-forward"},
+    {"course": "fsdp", "ZeRO": "stage 3: P_os+g+p",
+     "DeepSpeed": '"zero_optimization": {"stage": 3}',
+     "FSDP1": "ShardingStrategy.FULL_SHARD", "FSDP2": "fully_shard(..., reshard_after_forward=True)",
+     "Megatron-LM": "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params; "
+                    "--use-torch-fsdp2"},
+]

@@ -1,0 +1,69 @@
+"""Chapter 5: the same DDP script on 2 "nodes" (two torchrun agents) equals one process."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from course_lib.communication import multinode
+from course_lib.communication.multinode import (SCRIPT, netns_available, reference_params,
+                                                run_two_nodes, two_namespaces, two_node_commands)
+
+
+def test_two_node_run_equals_one_process(tmp_path):
+    """2 nodes x 1 rank with DDP == plain SGD in one process on the same global batches."""
+    args = ["--global-batch", "16", "--steps", "3"]
+    two = run_two_nodes(args=[*args, "--out", tmp_path / "two.pt"], timeout=180)
+    # both agents took part: each printed a "done: world 2" line from its worker
+    assert all("done: world 2" in text for text in two.outputs), two.outputs
+    ddp, one = torch.load(tmp_path / "two.pt"), reference_params(args)
+    assert ddp.keys() == one.keys()
+    for key in ddp:
+        torch.testing.assert_close(ddp[key], one[key], rtol=1e-5, atol=1e-6)
+    start = reference_params([*args[:2], "--steps", "0"])
+    assert not torch.allclose(start["fc0.weight"], one["fc0.weight"])  # training moved them
+
+
+def test_two_node_commands_share_one_rendezvous():
+    node0, node1 = two_node_commands(SCRIPT, 2, ["--steps", "1"], port=12345)
+    for node, cmd in enumerate((node0, node1)):
+        assert "--nnodes=2" in cmd and f"--node-rank={node}" in cmd
+        assert "--rdzv-endpoint=127.0.0.1:12345" in cmd and "--nproc-per-node=2" in cmd
+        assert cmd.index(SCRIPT) > cmd.index(f"--rdzv-conf=is_host={int(node == 0)}")
+        assert cmd[-2:] == ["--steps", "1"]
+
+
+def test_bad_input_fails_before_any_process(monkeypatch):
+    monkeypatch.setattr(multinode, "_launch", lambda *a, **k: pytest.fail("a process started"))
+    with pytest.raises(ValueError, match="nprocs_per_node"):
+        run_two_nodes(nprocs_per_node=0)
+    with pytest.raises(FileNotFoundError):
+        run_two_nodes(script="/nonexistent/train.py")
+
+
+def test_failing_node_is_reported_with_its_output():
+    class Ok:
+        returncode = 0
+
+    class Failed:
+        returncode = 1
+
+    multinode._check([Ok(), Ok()], ["fine", "fine"], "run")  # no error
+    with pytest.raises(RuntimeError, match="node 1 exited with code 1\nboom"):
+        multinode._check([Ok(), Failed()], ["", "boom"], "run")
+
+
+def test_namespaces_are_created_and_removed():
+    ok, why = netns_available()
+    if not ok:
+        pytest.skip(f"network namespaces not available here: {why}")
+    with two_namespaces(rate_mbit=100) as nodes:
+        names = [ns for ns, _, _ in nodes]
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert all(ns in listed for ns in names)
+        qdisc = subprocess.run(["ip", "netns", "exec", names[0], "tc", "qdisc", "show", "dev",
+                                nodes[0][1]], capture_output=True, text=True).stdout
+        assert "tbf" in qdisc
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(ns in listed for ns in names)

@@ -1,0 +1,90 @@
+"""course_lib.torchrun: real torchrun jobs from Python, errors with the rank, no orphans."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from course_lib.launcher import launch
+from course_lib.launcher.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
+from course_lib.launcher import torchrun as tr  # the module; course_lib.torchrun is the function
+from processes import wait_gone
+
+
+def test_a_module_runs_on_every_rank_with_prefixed_output(capsys):
+    job = torchrun("course_lib.scripts.hello_allreduce", 3, module=True)
+    ranks = sorted(line for line in job.output.splitlines() if line.startswith("[rank"))
+    assert ranks == [f"[rank {r}] rank {r} of 3: sum of (rank + 1) over all ranks = 6"
+                     for r in range(3)]
+    assert "[rank 1] rank 1 of 3" in capsys.readouterr().out
+
+
+def test_a_failing_rank_is_named_with_its_traceback(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        from course_lib.launcher.torchrun import init_distributed
+        rank, world = init_distributed()
+        if rank == 1:
+            raise RuntimeError("rank one gives up")
+        # rank 0 succeeds: a barrier here would make it fail too, and torchrun would then
+        # name whichever failure it noticed first
+    """))
+    with pytest.raises(TorchrunError) as info:
+        torchrun(str(script), 2, quiet=True, timeout=120)
+    assert info.value.rank == 1 and info.value.returncode != 0
+    assert "RuntimeError: rank one gives up" in str(info.value)
+
+
+def test_killing_the_launching_process_leaves_no_workers(tmp_path):
+    script = tmp_path / "sleeps.py"
+    script.write_text("import os, sys, time\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'pid' + os.environ['RANK']), 'w')"
+                      ".write(str(os.getpid()))\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"from course_lib import torchrun; torchrun({str(script)!r}, 2)"])
+    end = time.monotonic() + 90
+    pidfiles = [tmp_path / f"pid{r}" for r in range(2)]
+    while not all(p.exists() and p.read_text() for p in pidfiles) and time.monotonic() < end:
+        time.sleep(0.2)
+    tree = [c.pid for c in psutil.Process(parent.pid).children(recursive=True)]
+    workers = [int(p.read_text()) for p in pidfiles]
+    parent.kill()  # like a Jupyter kernel killed with SIGKILL
+    parent.wait()
+    assert set(workers) <= set(tree) | set(workers)
+    assert wait_gone(tree + workers, timeout=20) == []
+
+
+def test_command_lines_are_what_a_learner_would_type():
+    cmd = torchrun_command("train.py", 4, ["--steps", 10], nnodes=2, node_rank=1,
+                           endpoint="10.0.0.1:29500")
+    joined = " ".join(cmd)
+    for part in ("-m torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--node-rank=1",
+                 "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "train.py --steps 10"):
+        assert part in joined
+    assert "--local-addr" not in joined  # only pinned on loopback
+    assert cluster_command("train.py", 8, 4) == (
+        "torchrun --nnodes=4 --nproc-per-node=8 --rdzv-backend=c10d "
+        "--rdzv-endpoint=$HEAD_NODE_ADDR:29500 --rdzv-id=$JOB_ID --max-restarts=3 train.py")
+
+
+def test_bad_requests_fail_before_starting(monkeypatch):
+    monkeypatch.setattr(tr.subprocess, "Popen", lambda *a, **k: pytest.fail("started torchrun"))
+    with pytest.raises(FileNotFoundError, match="no script 'nope.py'"):
+        torchrun("nope.py", 2)
+    with pytest.raises(ValueError, match="nprocs must be at least 1"):
+        torchrun("course_lib.scripts.hello_allreduce", 0, module=True)
+
+
+def test_init_distributed_runs_a_script_alone_and_inside_run():
+    out = subprocess.run([sys.executable, "-m", "course_lib.scripts.hello_allreduce"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    assert "rank 0 of 1: sum of (rank + 1) over all ranks = 1" in out.stdout
+    from course_lib.scripts.hello_allreduce import main
+    assert launch.run(main, 3) == [6.0, 6.0, 6.0]
