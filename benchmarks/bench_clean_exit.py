@@ -6,7 +6,7 @@
 Each launch runs one forward/backward through ``course_lib.run`` and records every rank's exit
 status through ``run(..., report=RunReport())`` (0 = clean, -6 = SIGABRT). Before
 the launcher ended ranks with ``os._exit``, 10-30 % of such runs aborted at interpreter shutdown
-("terminate called without an active exception", see shared/pytorch-cpu-facts.md). Prints the
+("terminate called without an active exception"). Prints the
 counts and the median launch time.
 """
 from __future__ import annotations
