@@ -1,15 +1,13 @@
-"""The processes behind :func:`course_lib.communication.link_sweep.link_sweep`: one hub, two "nodes".
+"""The processes behind :func:`course_lib.communication.link_sweep.link_sweep`: a hub, two nodes.
 
-``python -m course_lib.communication._link_node hub`` (started by ``link_sweep`` under ``unshare --net``, plus
-``--user --map-root-user`` for a normal user) reads the sweep's parameters as one JSON line on
-stdin, starts two node processes, each under ``unshare --net`` in a network namespace of its own,
-joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both ends with ``tc``, and drives
-the phases: for the unthrottled link (first and last) and every requested setting, one phase
-per strategy. Every result goes back as one JSON line on stdout.
-
-A node (``python -m course_lib.communication._link_node node``) holds its namespace: when it exits, the
-namespace and its end of the veth pair vanish — nothing to clean up. Both kinds of process die
-with their parent (``PR_SET_PDEATHSIG``), so a killed kernel leaves none behind.
+The hub (``python -m course_lib.communication._link_node hub``, started by ``link_sweep`` under
+``unshare --net``, plus ``--user --map-root-user`` for a normal user) reads the sweep's
+parameters as one JSON line on stdin, starts two nodes, each under ``unshare --net`` in a
+network namespace of its own, joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both
+ends with ``tc``, and drives the phases: the unthrottled link (first and last) and every
+requested setting, one phase per strategy; each result goes back as a JSON line on stdout.
+A node holds its namespace: when it exits, the namespace and its veth end vanish. Both kinds of
+process die with their parent (``PR_SET_PDEATHSIG``), so a killed kernel leaves none behind.
 """
 from __future__ import annotations
 
@@ -212,8 +210,9 @@ class _Nodes:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.errs = [tempfile.TemporaryFile("w+") for _ in range(2)]
         self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m",
-                                        "course_lib.communication._link_node", "node"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                                        "course_lib.communication._link_node", "node"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=err, text=True, env=env)
                       for err in self.errs]
         self.lines: queue.Queue = queue.Queue()
         for rank, proc in enumerate(self.procs):

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.communication.link_sweep_gpu import LINK as GPU_LINK, gpu_results
+
 __all__ = ["LinkRow", "LinkSweepUnavailable", "link_sweep", "availability", "predicted_bytes",
            "predicted_step", "DEFAULT_SIZES", "SWEEP_STRATEGIES", "STEP_FACTOR"]
 
@@ -179,15 +181,15 @@ def _prefix(mode: str) -> list[str]:
 
 
 def _run_hub(mode: str, opts: dict, timeout: float) -> list[dict]:
-    """Start the hub (:mod:`course_lib.communication._link_node`) in its own namespace; its JSON lines."""
-    root = str(Path(__file__).resolve().parent.parent)
+    """Start the hub (:mod:`course_lib.communication._link_node`) in its namespace; its JSON lines."""
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory(prefix="link_sweep_") as tmp:
         os.chmod(tmp, 0o700)
         opts = {**opts, "init": f"file://{tmp}/store"}
-        proc = subprocess.Popen([*_prefix(mode), sys.executable, "-m", "course_lib.communication._link_node",
-                                 "hub"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([*_prefix(mode), sys.executable, "-m",
+                                 "course_lib.communication._link_node", "hub"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
         try:
             out, err = proc.communicate(json.dumps(opts) + "\n", timeout=timeout)
@@ -270,10 +272,9 @@ def link_sweep(rates_mbit: Sequence[float], strategies: Sequence[str] = SWEEP_ST
         raise ValueError(f"device='cuda' needs 2 GPUs (one per NCCL rank); this machine has "
                          f"{devices.gpu_count()}. Use device='cpu' (two namespaces)")
     if device == "cuda" or (device is None and devices.gpu_count() >= 2):
-        from course_lib.communication.link_sweep_gpu import gpu_sweep
-
-        return gpu_sweep(rates, strategies, latency_ms, steps, list(sizes), batch, n_params,
-                         timeout)
+        results = gpu_results(rates, strategies, latency_ms, steps, list(sizes), batch, timeout)
+        return _rows(results, n_params, "nccl", "CommCounter payload (ring share)",
+                     lambda res: GPU_LINK)
     mode, reason = availability(latency=latency_ms > 0)
     if mode is None:
         raise LinkSweepUnavailable(reason)

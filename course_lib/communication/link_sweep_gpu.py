@@ -2,7 +2,7 @@
 
 NCCL moves GPU memory over NVLink or PCIe (or, between machines, InfiniBand/RoCE), not over an
 IP interface, so there is nothing for ``tc`` to throttle and no ``tx_bytes`` counter to read:
-:func:`gpu_sweep` runs the same steps as the CPU sweep on ``cuda:0`` and ``cuda:1`` through
+:func:`gpu_results` runs the same steps as the CPU sweep on ``cuda:0`` and ``cuda:1`` through
 :func:`course_lib.run` (one process per GPU, NCCL), returns one row per strategy at the real
 link (``rate_mbit`` 0) and warns that the requested rates and delay were not applied. The bytes
 come from :class:`~course_lib.sharding.comm_counter.CommCounter` (the ring's share of each collective's
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import warnings
 from typing import Sequence
-
-from course_lib.communication.link_sweep import LinkRow, _rows
 
 LINK = "NCCL, 2 local GPUs (NVLink or PCIe)"
 
@@ -38,16 +36,15 @@ def _launch(strategies: list[str], steps: int, sizes: list[int], batch: int,
                timeout=timeout)
 
 
-def gpu_sweep(rates: Sequence[float], strategies: Sequence[str], latency_ms: float, steps: int,
-              sizes: list[int], batch: int, n_params: int, timeout: float) -> list[LinkRow]:
-    """Rows for the real GPU link (rate 0); the requested rates/delay cannot apply (see above)."""
+def gpu_results(rates: Sequence[float], strategies: Sequence[str], latency_ms: float, steps: int,
+                sizes: list[int], batch: int, timeout: float) -> list[dict]:
+    """Per-strategy results at the real GPU link (rate 0), in the hub's format (rows are made by
+    :func:`course_lib.communication.link_sweep.link_sweep`); rates/delay cannot apply (see above)."""
     if any(rates) or latency_ms:
         warnings.warn("on GPUs the sweep measures NCCL over the real NVLink/PCIe link only: "
                       "tc can throttle an IP interface, not NVLink or PCIe, so the rates "
                       f"{[r for r in rates if r]} Mbit/s and latency_ms={latency_ms:g} were not "
                       "applied", stacklevel=3)
     per_rank = _launch(list(strategies), steps, sizes, batch, timeout)
-    results = [{"rate_mbit": 0.0, "latency_ms": 0.0, "strategy": s,
-                "ranks": [r[s] for r in per_rank]} for s in strategies]
-    return _rows(results, n_params, "nccl", "CommCounter payload (ring share)",
-                 lambda res: LINK)
+    return [{"rate_mbit": 0.0, "latency_ms": 0.0, "strategy": s,
+             "ranks": [r[s] for r in per_rank]} for s in strategies]

@@ -29,7 +29,7 @@ from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweep
 __all__ = ["RECORDED_PATH", "RECORD_RATES", "Recorded", "record", "load_recorded",
            "live_or_recorded", "verdicts", "BYTES_TOLERANCE"]
 
-RECORDED_PATH = Path(__file__).resolve().parent.parent / "data" / "link_sweep.json"
+RECORDED_PATH = Path(__file__).resolve().parents[2] / "data" / "link_sweep.json"
 #: What the stored sweep measured: unthrottled, 1 Gbit/s, 100 Mbit/s.
 RECORD_RATES = (0, 1000, 100)
 #: Largest relative difference allowed between measured and predicted bytes (and byte ratios).

@@ -8,7 +8,6 @@ built on the unthrottled step measured in the same run, under the same load.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
@@ -20,7 +19,7 @@ from course_lib.communication import link_sweep_gpu as gpu
 from course_lib.communication import link_sweep_record as rec
 from course_lib.common.models import mlp_param_count
 
-ls = importlib.import_module("course_lib.link_sweep")  # course_lib.link_sweep is the function
+from course_lib.communication import link_sweep as ls
 PSI = mlp_param_count(ls.DEFAULT_SIZES)
 
 
