@@ -35,6 +35,7 @@ import cloudpickle
 
 from course_lib import devices, progress
 from course_lib._rank_pipes import Rank, drain, open_pipes, pump, wait_exit
+from course_lib._run_guard import holding_interrupts
 from course_lib._warm import WarmServer
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
@@ -136,10 +137,10 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
 
     Raises :class:`RankError` naming the first rank that failed (with its traceback),
     ``TimeoutError`` when ranks do not finish in time; on any error or interrupt all ranks are
-    killed before ``run`` returns.
+    killed before ``run`` returns. An interrupt (Stop) raises a one-line ``KeyboardInterrupt``;
+    where it arrived inside ``run`` is kept in its ``__context__``.
     """
     start = time.monotonic()
-    phases = [("called", start)]
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -150,9 +151,20 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     except Exception as exc:
         raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
                         f"ranks: {exc}") from exc
+    try:
+        return _launch(fn, placement, payload, timeout, report, start)
+    except KeyboardInterrupt:
+        # the ranks are gone already; the frames inside the launcher would only hide that
+        raise KeyboardInterrupt(f"run on {nprocs} rank(s) stopped; every rank was ended") \
+            from None
 
+
+def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes,
+            timeout: float, report: RunReport | None, start: float) -> list:
+    """Start the ranks, supervise them, and end every one of them on the way out."""
+    nprocs = placement.nprocs
+    phases = [("called", start), ("checked and pickled", time.monotonic())]
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
-    phases.append(("checked and pickled", time.monotonic()))
     server = _SERVERS.get()
     phases.append(("server ready", time.monotonic()))
     workdir = tempfile.mkdtemp(prefix="course_lib_run_")
@@ -161,24 +173,24 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     sel = selectors.DefaultSelector()
     succeeded, pipes = False, []
     try:
-        pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")}
-                 for _ in range(nprocs)]
         jobs = [(rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
                 for rank in range(nprocs)]
-        try:
-            pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
-                                       p["exit"][1]] for p in pipes], _module_of(fn))
-        finally:
-            for p in pipes:
-                for _, w in p.values():  # the server and the child hold their own copies
-                    os.close(w)
+        with holding_interrupts():  # Stop waits until every started rank is in `ranks`
+            pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")} for _ in range(nprocs)]
+            try:
+                pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
+                                           p["exit"][1]] for p in pipes], _module_of(fn))
+            finally:
+                for p in pipes:
+                    for _, w in p.values():  # the server and the child hold their own copies
+                        os.close(w)
+            for rank, (pid, p) in enumerate(zip(pids, pipes)):
+                state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
+                ranks.append(state)
+                for name, fd in state.fds.items():
+                    sel.register(fd, selectors.EVENT_READ, (state, name))
+            pipes = []
         phases.append(("ranks forked", time.monotonic()))
-        for rank, (pid, p) in enumerate(zip(pids, pipes)):
-            state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
-            ranks.append(state)
-            for name, fd in state.fds.items():
-                sel.register(fd, selectors.EVENT_READ, (state, name))
-        pipes = []
         os.close(lifeline_r)
         lifeline_r = -1
         results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
