@@ -34,7 +34,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from course_lib import devices, progress
-from course_lib._rank_pipes import Rank, drain, open_pipes, pump, wait_exit
+from course_lib._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib._run_guard import holding_interrupts
 from course_lib._warm import WarmServer
 
@@ -176,7 +176,7 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
         jobs = [(rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
                 for rank in range(nprocs)]
         with holding_interrupts():  # Stop waits until every started rank is in `ranks`
-            pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")} for _ in range(nprocs)]
+            pipes = [{name: os.pipe() for name in PIPES} for _ in range(nprocs)]
             try:
                 pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
                                            p["exit"][1]] for p in pipes], _module_of(fn))
@@ -211,23 +211,22 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
                 if state.outcome is None:
                     state.kill()
             drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
-            if not succeeded:
-                for state in ranks:
-                    state.kill()  # one that answered and still did not end
-            phases.append(("output closed" if release_late else "ranks ended", time.monotonic()))
-            sel.close()
-            for state in ranks:
-                for fd in state.fds.values():
-                    os.close(fd)
-            for p in pipes:  # pipes of ranks that never started (the server failed)
-                for r, _ in p.values():
-                    os.close(r)
-            if lifeline_r >= 0:
-                os.close(lifeline_r)
-            shutil.rmtree(workdir, ignore_errors=True)
-        finally:
-            if lifeline_w >= 0:
-                _release(lifeline_w, nprocs)
+        finally:  # even when a second Stop arrives while draining
+            try:
+                if not succeeded:
+                    for state in ranks:
+                        state.kill()  # one that answered and still did not end
+                phases.append(("output closed" if release_late else "ranks ended",
+                               time.monotonic()))
+                sel.close()
+                for fd in [fd for state in ranks for fd in state.fds.values()] + \
+                        [r for p in pipes for r, _ in p.values()] + [lifeline_r]:
+                    if fd >= 0:  # pipes of ranks that never started too (the server failed)
+                        os.close(fd)
+                shutil.rmtree(workdir, ignore_errors=True)
+            finally:
+                if lifeline_w >= 0:
+                    _release(lifeline_w, nprocs)
         if report is not None:
             report.exit_statuses = [state.exitcode for state in ranks]
             report.phases = [(name, t - start) for name, t in phases]
