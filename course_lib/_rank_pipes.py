@@ -35,11 +35,14 @@ class Rank:
     stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
 
     def kill(self) -> None:
+        """SIGKILL the rank and its process group (what it started), unless it was reaped."""
         if self.exitcode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for kill in (os.killpg, os.kill):  # the group; the rank alone if it has none
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                    return
+                except ProcessLookupError:
+                    pass
 
 
 def emit(line: bytes, rank: int, stream: TextIO) -> None:

@@ -12,7 +12,8 @@ ranks' jobs back to back; the server forks once per job and answers ``(job id, p
 and when it reaps a child writes its exit status into the exit-status pipe. Pids are matched to
 jobs by id, never by order; the client sends and reads with Stop held back (see
 :mod:`course_lib.launch`), and after any doubt (an answer out of order, an error half-way) it
-kills the server, so a later run starts a fresh one.
+kills the server, so a later run starts a fresh one. Each rank leads its own process group: when
+the server reaps a rank it kills the rest of that group — whatever the rank started dies with it.
 The server exits when its stdin (held by the client) closes: the kernel died.
 
 Forking a ~300 MB process costs ~10-20 ms: its page tables are copied, and most of its memory
@@ -152,7 +153,7 @@ def serve(fd: int) -> None:
 
 
 def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> None:
-    """Read one job, fork its rank, answer ``(job id, pid)``."""
+    """Read one job, fork its rank (leader of a new process group), answer ``(job id, pid)``."""
     fds: list[int] = []
     try:
         header, fds, _, _ = socket.recv_fds(sock, _LEN.size, 8)
@@ -168,6 +169,7 @@ def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> 
     pid = os.fork()
     if pid == 0:  # the rank
         try:
+            os.setpgid(0, 0)
             sel, sock, wake_r, wake_w = own
             sel.close()
             sock.close()
@@ -179,6 +181,10 @@ def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> 
             _worker.main(job, fds[:-1])
         finally:
             os._exit(70)
+    try:
+        os.setpgid(pid, pid)  # also here: no race with a kill sent before the child ran
+    except OSError:
+        pass
     status_pipes[pid] = fds[-1]
     for f in fds[:-1]:
         os.close(f)
@@ -210,6 +216,10 @@ def _reap(status_pipes: dict[int, int]) -> None:
         if pid == 0:
             return
         fd = status_pipes.pop(pid, None)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # what the rank started: it must not outlive it
+        except OSError:  # nothing left in the group
+            pass
         if fd is not None:
             code = os.waitstatus_to_exitcode(status)
             try:
