@@ -20,12 +20,12 @@ multi-node command lines, see :mod:`course_lib.torchrun`.
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import selectors
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,7 +35,7 @@ import cloudpickle
 
 from course_lib import devices, progress
 from course_lib._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
-from course_lib._run_guard import holding_interrupts
+from course_lib._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib._warm import WarmServer
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
@@ -61,6 +61,8 @@ class _ServerCache:
     def get(self) -> WarmServer:
         with self._lock:
             if self._server is None or not self._server.alive():
+                if self._server is None:  # once per kernel: folders of killed kernels go
+                    sweep_stale_run_dirs()
                 self._server = WarmServer.start()
             return self._server
 
@@ -143,8 +145,9 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     start = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
@@ -167,7 +170,7 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
     server = _SERVERS.get()
     phases.append(("server ready", time.monotonic()))
-    workdir = tempfile.mkdtemp(prefix="course_lib_run_")
+    workdir = make_run_dir()
     lifeline_r, lifeline_w = os.pipe()
     ranks: list[Rank] = []
     sel = selectors.DefaultSelector()

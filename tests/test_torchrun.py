@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -18,8 +19,11 @@ from processes import wait_gone
 tr = sys.modules["course_lib.torchrun"]
 
 
-def test_a_module_runs_on_every_rank_with_prefixed_output(capsys):
+def test_a_module_runs_on_every_rank_with_prefixed_output(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     job = torchrun("course_lib.scripts.hello_allreduce", 3, module=True)
+    assert os.listdir(tmp_path) == []  # no torchelastic_* folder left behind
     ranks = sorted(line for line in job.output.splitlines() if line.startswith("[rank"))
     assert ranks == [f"[rank {r}] rank {r} of 3: sum of (rank + 1) over all ranks = 6"
                      for r in range(3)]
@@ -81,12 +85,17 @@ def test_bad_requests_fail_before_starting(monkeypatch):
         torchrun("nope.py", 2)
     with pytest.raises(ValueError, match="nprocs must be at least 1"):
         torchrun("course_lib.scripts.hello_allreduce", 0, module=True)
+    for bad in (float("nan"), float("inf"), 0):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=bad)
 
 
-def test_init_distributed_runs_a_script_alone_and_inside_run():
+def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "course_lib.scripts.hello_allreduce"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ})
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
+    assert os.listdir(tmp_path) == []  # alone: no store file left behind
     assert "rank 0 of 1: sum of (rank + 1) over all ranks = 1" in out.stdout
     from course_lib.scripts.hello_allreduce import main
     assert launch.run(main, 3) == [6.0, 6.0, 6.0]
