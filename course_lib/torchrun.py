@@ -116,7 +116,9 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
     child_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1",
                  "COURSE_PROGRESS_CHANNEL": "1"}  # lets progress.report() in ranks reach us
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "course_lib._reaper", *cmd],
+    # the same torchrun, its stores listening on 127.0.0.1 only (see _loopback_torchrun)
+    launch = [sys.executable, "-m", "course_lib._loopback_torchrun", *cmd[3:]]
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib._reaper", *launch],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=child_env)
     lines: list[str] = []

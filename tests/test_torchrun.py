@@ -99,3 +99,18 @@ def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
     assert "rank 0 of 1: sum of (rank + 1) over all ranks = 1" in out.stdout
     from course_lib.scripts.hello_allreduce import main
     assert launch.run(main, 3) == [6.0, 6.0, 6.0]
+
+
+def test_the_agents_stores_listen_on_loopback_only(tmp_path):
+    script = tmp_path / "listeners.py"
+    script.write_text(textwrap.dedent("""
+        import os, psutil
+        from course_lib.torchrun import init_distributed
+        rank, world = init_distributed()
+        agent = psutil.Process(os.getppid())  # torchrun's agent hosts the stores
+        found = sorted({c.laddr.ip for c in agent.net_connections("tcp") if c.status == "LISTEN"})
+        print("agent listens on", ",".join(found))
+    """))
+    job = torchrun(str(script), 2, quiet=True, timeout=120)
+    lines = [ln for ln in job.output.splitlines() if "agent listens on" in ln]
+    assert len(lines) == 2 and all(ln.endswith("agent listens on 127.0.0.1") for ln in lines), lines
