@@ -19,6 +19,7 @@ from typing import TextIO
 
 from course_lib.launcher import progress
 
+PIPES = ("out", "err", "result", "exit")
 
 @dataclass
 class Rank:
@@ -27,17 +28,21 @@ class Rank:
     rank: int
     pid: int
     fds: dict  # name -> read end: "out", "err", "result", "exit"
-    partial: dict = field(default_factory=lambda: {"out": b"", "err": b"", "result": b""})
+    # bytes received but not used yet, per pipe: appended to in place (linear in the size)
+    partial: dict = field(default_factory=lambda: {n: bytearray() for n in PIPES})
     outcome: tuple | None = None
     exitcode: int | None = None
     stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
 
     def kill(self) -> None:
+        """SIGKILL the rank and its process group (what it started), unless it was reaped."""
         if self.exitcode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for kill in (os.killpg, os.kill):  # the group; the rank alone if it has none
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                    return
+                except ProcessLookupError:
+                    pass
 
 
 def emit(line: bytes, rank: int, stream: TextIO) -> None:
@@ -46,36 +51,51 @@ def emit(line: bytes, rank: int, stream: TextIO) -> None:
 
 
 def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
-    """Read what a rank wrote; print complete stdout/stderr lines. False once the pipe closed."""
+    """Read what a rank wrote; print complete stdout/stderr lines. False once the pipe closed.
+
+    Bytes collect in a ``bytearray`` (a 100 MB result or an endless line costs linear time).
+    A result cut short (the rank was killed while sending it) leaves ``outcome`` at ``None``:
+    the caller then reports the real reason (a timeout, another rank's error, an interrupt).
+    """
     try:
-        data = os.read(fd, 1 << 16)
+        data = os.read(fd, 1 << 20)
     except BlockingIOError:
         return True
     except OSError:
         data = b""
-    if name == "exit":
-        state.partial["exit"] = state.partial.get("exit", b"") + data
-        if not data:
-            raw = state.partial["exit"]
-            state.exitcode = struct.unpack("!q", raw)[0] if len(raw) == 8 else -signal.SIGKILL
-    elif name == "result":
-        state.partial["result"] += data
-        if not data:
-            raw = state.partial["result"]
-            state.outcome, state.stamps = pickle.loads(raw) if raw else (None, [])
+    buf = state.partial[name]
+    if name in ("exit", "result"):
+        buf += data
+        if not data and name == "exit":
+            state.exitcode = struct.unpack("!q", buf)[0] if len(buf) == 8 else -signal.SIGKILL
+        elif not data:
+            state.outcome, state.stamps = _unpickle(buf)
+            state.partial[name] = bytearray()
     else:
         stream = sys.stdout if name == "out" else sys.stderr
-        if data:
-            *lines, state.partial[name] = (state.partial[name] + data).split(b"\n")
-        elif state.partial[name]:
-            lines, state.partial[name] = [state.partial[name]], b""
-        else:
-            lines = []
+        lines = []
+        if b"\n" in data:
+            *lines, rest = (bytes(buf) + data).split(b"\n")
+            state.partial[name] = bytearray(rest)
+        elif data:
+            buf += data
+        elif buf:
+            lines, state.partial[name] = [bytes(buf)], bytearray()
         for line in lines:
             emit(line, state.rank, stream)
     if not data:
         sel.unregister(fd)
     return bool(data)
+
+
+def _unpickle(raw: bytearray) -> tuple:
+    """``(outcome, stamps)`` from a rank's complete result, or ``(None, [])`` if it is cut short."""
+    if not raw:
+        return None, []
+    try:
+        return pickle.loads(raw)
+    except Exception:  # noqa: BLE001 - truncated: the rank died while writing it
+        return None, []
 
 
 def open_pipes(sel: selectors.BaseSelector, state: Rank) -> set:

@@ -8,9 +8,13 @@ cannot run from ``python -``/stdin at all, so the course keeps its own, 150 line
 
 Protocol over a Unix socket pair: the client sends one length-prefixed pickled job per rank, with
 the rank's file descriptors attached (stdout, stderr, result, lifeline, exit-status pipes), all
-ranks' jobs back to back; the server forks once per job, answers with each child's pid, and when
-it reaps a child writes its exit status into the exit-status pipe. The server exits when its
-stdin (held by the client) closes: the kernel died.
+ranks' jobs back to back; the server forks once per job and answers ``(job id, pid)`` for each,
+and when it reaps a child writes its exit status into the exit-status pipe. Pids are matched to
+jobs by id, never by order; the client sends and reads with Stop held back (see
+:mod:`course_lib.launcher.launch`), and after any doubt (an answer out of order, an error half-way) it
+kills the server, so a later run starts a fresh one. Each rank leads its own process group: when
+the server reaps a rank it kills the rest of that group — whatever the rank started dies with it.
+The server exits when its stdin (held by the client) closes: the kernel died.
 
 Forking a ~300 MB process costs ~10-20 ms: its page tables are copied, and most of its memory
 is the C heap and Python's objects. Two things make it cheaper: the server's ``malloc`` asks for
@@ -34,6 +38,7 @@ import sys
 import threading
 
 _LEN = struct.Struct("!Q")
+_ANSWER = struct.Struct("!QQ")  # (job id, pid)
 # What every rank would otherwise import again: torch itself, and torch._dynamo, which DDP and
 # FSDP import on first use (~1-4 s per process on 2 cores).
 _PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp",
@@ -57,6 +62,7 @@ class WarmServer:
     def __init__(self, proc: subprocess.Popen, sock: socket.socket):
         self.proc, self.sock, self.owner_pid = proc, sock, os.getpid()
         self.lock = threading.Lock()
+        self.next_id = 0
 
     @classmethod
     def start(cls) -> "WarmServer":
@@ -89,27 +95,34 @@ class WarmServer:
         All jobs are sent before the first pid is read, so the server forks back to back (and
         the first ranks start working while it forks the others). ``preimport`` names modules
         the server imports first (once, then cached), so that a function shipped by reference
-        does not make every rank import its module again.
+        does not make every rank import its module again. Whatever interrupts the exchange half
+        way (an error, a second Stop) kills the server: its ranks then die through their
+        lifelines, and the next call starts a fresh server instead of misreading this one.
         """
-        blobs = [pickle.dumps((preimport, sys.path, job)) for job in jobs]
         with self.lock:
+            first = self.next_id
+            self.next_id += len(jobs)
             try:
-                for blob, job_fds in zip(blobs, fds):
+                for job_id, job, job_fds in zip(range(first, self.next_id), jobs, fds):
+                    blob = pickle.dumps((job_id, preimport, sys.path, job))
                     socket.send_fds(self.sock, [_LEN.pack(len(blob))], job_fds)
                     self.sock.sendall(blob)
-                pids = [_LEN.unpack(_recv_exact(self.sock, _LEN.size))[0] for _ in jobs]
-            except (OSError, EOFError) as exc:  # socket.timeout is an OSError
-                self.proc.kill()  # a broken server is replaced on the next call
+                answers = [_ANSWER.unpack(_recv_exact(self.sock, _ANSWER.size)) for _ in jobs]
+                if [job_id for job_id, _ in answers] != list(range(first, self.next_id)):
+                    raise EOFError(f"answers out of order: {answers}")
+            except BaseException as exc:
+                self.proc.kill()  # a broken or doubtful server is replaced on the next call
+                if not isinstance(exc, (OSError, EOFError)):  # socket.timeout is an OSError
+                    raise
                 raise RuntimeError(f"the warm server stopped answering ({exc}); run again to "
                                    "start a fresh one") from exc
-        return pids
+        return [pid for _, pid in answers]
 
 
 def serve(fd: int) -> None:
     """Server main loop (runs in the server process)."""
     for name in _PRELOAD:
         __import__(name)
-    from course_lib.launcher import _worker
     gc.freeze()  # ranks' garbage collections leave these objects (and their pages) alone
 
     sock = socket.socket(fileno=fd)
@@ -136,32 +149,47 @@ def serve(fd: int) -> None:
                 os.read(wake_r, 4096)
                 _reap(status_pipes)
             else:
-                try:
-                    header, fds, _, _ = socket.recv_fds(sock, _LEN.size, 8)
-                    if not header:
-                        os._exit(0)
-                    preimport, sys_path, job = pickle.loads(
-                        _recv_exact(sock, _LEN.unpack(header)[0]))
-                except (EOFError, OSError):
-                    os._exit(0)
-                _preimport(preimport, sys_path)
-                pid = os.fork()
-                if pid == 0:  # the rank
-                    try:
-                        sel.close()
-                        sock.close()
-                        for f in (wake_r, wake_w, *status_pipes.values(), fds[-1]):
-                            os.close(f)
-                        signal.set_wakeup_fd(-1)
-                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                        _worker.main(job, fds[:-1])
-                    finally:
-                        os._exit(70)
-                status_pipes[pid] = fds[-1]
-                for f in fds[:-1]:
-                    os.close(f)
-                sock.sendall(_LEN.pack(pid))
-                _reap(status_pipes)
+                _fork_one(sock, status_pipes, (sel, sock, wake_r, wake_w))
+
+
+def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> None:
+    """Read one job, fork its rank (leader of a new process group), answer ``(job id, pid)``."""
+    fds: list[int] = []
+    try:
+        header, fds, _, _ = socket.recv_fds(sock, _LEN.size, 8)
+        if not header:
+            os._exit(0)
+        header += _recv_exact(sock, _LEN.size - len(header))
+        job_id, preimport, sys_path, job = pickle.loads(_recv_exact(sock, _LEN.unpack(header)[0]))
+        if len(fds) != 5:
+            raise EOFError(f"a job came with {len(fds)} file descriptors instead of 5")
+    except BaseException:  # noqa: BLE001 - out of step with the client: it starts a fresh server
+        os._exit(0)
+    _preimport(preimport, sys_path)
+    pid = os.fork()
+    if pid == 0:  # the rank
+        try:
+            os.setpgid(0, 0)
+            sel, sock, wake_r, wake_w = own
+            sel.close()
+            sock.close()
+            for f in (wake_r, wake_w, *status_pipes.values(), fds[-1]):
+                os.close(f)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            from course_lib.launcher import _worker  # preloaded by serve(): no import happens here
+            _worker.main(job, fds[:-1])
+        finally:
+            os._exit(70)
+    try:
+        os.setpgid(pid, pid)  # also here: no race with a kill sent before the child ran
+    except OSError:
+        pass
+    status_pipes[pid] = fds[-1]
+    for f in fds[:-1]:
+        os.close(f)
+    sock.sendall(_ANSWER.pack(job_id, pid))
+    _reap(status_pipes)
 
 
 def _preimport(names: tuple[str, ...], sys_path: list[str]) -> None:
@@ -188,6 +216,10 @@ def _reap(status_pipes: dict[int, int]) -> None:
         if pid == 0:
             return
         fd = status_pipes.pop(pid, None)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # what the rank started: it must not outlive it
+        except OSError:  # nothing left in the group
+            pass
         if fd is not None:
             code = os.waitstatus_to_exitcode(status)
             try:

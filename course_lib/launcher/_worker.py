@@ -4,7 +4,8 @@ This module is preloaded into the warm fork server together with torch, so a ran
 wires up its pipes, joins the process group and calls the shipped function. The steps, in order:
 
 1. a *lifeline* thread: when the launching process dies (kernel killed, crash), the pipe it held
-   closes and this rank kills itself — no orphans, whatever happens to the parent;
+   closes and this rank kills its process group (itself and any process it started) — no
+   orphans, whatever happens to the parent;
 2. stdout/stderr (Python and C level) go to pipes the parent reads and prefixes with the rank;
 3. ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are set as torchrun would, threads per rank are capped;
 4. ``init_process_group`` through a file store in a private directory (no port, no DNS look-up;
@@ -51,6 +52,8 @@ def _watch_lifeline(fd: int, answered: threading.Event) -> None:
         pass
     if answered.is_set():
         os._exit(0)
+    if os.getpgid(0) == os.getpid():  # this rank leads its group: it and whatever it started
+        os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

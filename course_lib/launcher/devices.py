@@ -132,6 +132,8 @@ def plan(nprocs: int, backend: str | None = None, device: str | None = None,
         backend = "nccl" if device == "cuda" and nprocs <= gpus else "gloo"
     if threads is None:
         threads = max(1, cpu_count() // nprocs)
+    elif isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int or None, got {threads!r}")
     elif threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     return Placement(nprocs=nprocs, backend=backend, device=device, threads=threads)

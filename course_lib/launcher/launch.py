@@ -20,12 +20,12 @@ multi-node command lines, see :mod:`course_lib.torchrun`.
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import selectors
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,7 +34,8 @@ from typing import Any, Callable
 import cloudpickle
 
 from course_lib.launcher import devices, progress
-from course_lib.launcher._rank_pipes import Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib.launcher._warm import WarmServer
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
@@ -60,6 +61,8 @@ class _ServerCache:
     def get(self) -> WarmServer:
         with self._lock:
             if self._server is None or not self._server.alive():
+                if self._server is None:  # once per kernel: folders of killed kernels go
+                    sweep_stale_run_dirs()
                 self._server = WarmServer.start()
             return self._server
 
@@ -136,49 +139,61 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
 
     Raises :class:`RankError` naming the first rank that failed (with its traceback),
     ``TimeoutError`` when ranks do not finish in time; on any error or interrupt all ranks are
-    killed before ``run`` returns.
+    killed before ``run`` returns. An interrupt (Stop) raises a one-line ``KeyboardInterrupt``;
+    where it arrived inside ``run`` is kept in its ``__context__``.
     """
     start = time.monotonic()
-    phases = [("called", start)]
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
     except Exception as exc:
         raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
                         f"ranks: {exc}") from exc
+    try:
+        return _launch(fn, placement, payload, timeout, report, start)
+    except KeyboardInterrupt:
+        # the ranks are gone already; the frames inside the launcher would only hide that
+        raise KeyboardInterrupt(f"run on {nprocs} rank(s) stopped; every rank was ended") \
+            from None
 
+
+def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes,
+            timeout: float, report: RunReport | None, start: float) -> list:
+    """Start the ranks, supervise them, and end every one of them on the way out."""
+    nprocs = placement.nprocs
+    phases = [("called", start), ("checked and pickled", time.monotonic())]
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
-    phases.append(("checked and pickled", time.monotonic()))
     server = _SERVERS.get()
     phases.append(("server ready", time.monotonic()))
-    workdir = tempfile.mkdtemp(prefix="course_lib_run_")
+    workdir = make_run_dir()
     lifeline_r, lifeline_w = os.pipe()
     ranks: list[Rank] = []
     sel = selectors.DefaultSelector()
     succeeded, pipes = False, []
     try:
-        pipes = [{name: os.pipe() for name in ("out", "err", "result", "exit")}
-                 for _ in range(nprocs)]
         jobs = [(rank, placement, os.path.join(workdir, "store"), timeout, payload, context)
                 for rank in range(nprocs)]
-        try:
-            pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
-                                       p["exit"][1]] for p in pipes], _module_of(fn))
-        finally:
-            for p in pipes:
-                for _, w in p.values():  # the server and the child hold their own copies
-                    os.close(w)
+        with holding_interrupts():  # Stop waits until every started rank is in `ranks`
+            pipes = [{name: os.pipe() for name in PIPES} for _ in range(nprocs)]
+            try:
+                pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
+                                           p["exit"][1]] for p in pipes], _module_of(fn))
+            finally:
+                for p in pipes:
+                    for _, w in p.values():  # the server and the child hold their own copies
+                        os.close(w)
+            for rank, (pid, p) in enumerate(zip(pids, pipes)):
+                state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
+                ranks.append(state)
+                for name, fd in state.fds.items():
+                    sel.register(fd, selectors.EVENT_READ, (state, name))
+            pipes = []
         phases.append(("ranks forked", time.monotonic()))
-        for rank, (pid, p) in enumerate(zip(pids, pipes)):
-            state = Rank(rank, pid, {name: r for name, (r, _) in p.items()})
-            ranks.append(state)
-            for name, fd in state.fds.items():
-                sel.register(fd, selectors.EVENT_READ, (state, name))
-        pipes = []
         os.close(lifeline_r)
         lifeline_r = -1
         results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
@@ -199,23 +214,22 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
                 if state.outcome is None:
                     state.kill()
             drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
-            if not succeeded:
-                for state in ranks:
-                    state.kill()  # one that answered and still did not end
-            phases.append(("output closed" if release_late else "ranks ended", time.monotonic()))
-            sel.close()
-            for state in ranks:
-                for fd in state.fds.values():
-                    os.close(fd)
-            for p in pipes:  # pipes of ranks that never started (the server failed)
-                for r, _ in p.values():
-                    os.close(r)
-            if lifeline_r >= 0:
-                os.close(lifeline_r)
-            shutil.rmtree(workdir, ignore_errors=True)
-        finally:
-            if lifeline_w >= 0:
-                _release(lifeline_w, nprocs)
+        finally:  # even when a second Stop arrives while draining
+            try:
+                if not succeeded:
+                    for state in ranks:
+                        state.kill()  # one that answered and still did not end
+                phases.append(("output closed" if release_late else "ranks ended",
+                               time.monotonic()))
+                sel.close()
+                for fd in [fd for state in ranks for fd in state.fds.values()] + \
+                        [r for p in pipes for r, _ in p.values()] + [lifeline_r]:
+                    if fd >= 0:  # pipes of ranks that never started too (the server failed)
+                        os.close(fd)
+                shutil.rmtree(workdir, ignore_errors=True)
+            finally:
+                if lifeline_w >= 0:
+                    _release(lifeline_w, nprocs)
         if report is not None:
             report.exit_statuses = [state.exitcode for state in ranks]
             report.phases = [(name, t - start) for name, t in phases]

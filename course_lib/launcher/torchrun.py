@@ -12,11 +12,14 @@ Chapter 00 introduces it; chapter 5 runs two "nodes"; chapter 6 restarts failed 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import re
 import selectors
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -91,14 +94,31 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     no process behind.
     """
     devices.plan(nprocs)  # same limits and messages as run()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
+    # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
+    # the job gets a private temp folder, removed afterwards (with what the workers left there)
+    tmp = tempfile.mkdtemp(prefix="course_lib_torchrun_")
+    try:
+        return _torchrun(target, nprocs, args, max_restarts, timeout, module,
+                         {**(env or {}), "TMPDIR": tmp}, quiet)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, timeout: float,
+              module: bool, env: dict, quiet: bool) -> TorchrunResult:
     cmd = torchrun_command(target, nprocs, args, max_restarts=max_restarts, module=module)
     threads = str(max(1, devices.cpu_count() // nprocs))
-    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **(env or {}), "PYTHONUNBUFFERED": "1",
+    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1",
                  "COURSE_PROGRESS_CHANNEL": "1"}  # lets progress.report() in ranks reach us
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher._reaper", *cmd],
+    # the same torchrun, its stores listening on 127.0.0.1 only (see _loopback_torchrun)
+    launch = [sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
+    proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher._reaper", *launch],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=child_env)
     lines: list[str] = []
@@ -131,7 +151,7 @@ def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bo
             view: progress.View) -> None:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    partial = b""
+    partial = bytearray()
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError
@@ -140,7 +160,12 @@ def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bo
         if not ready:
             continue
         data = os.read(proc.stdout.fileno(), 1 << 16)
-        *complete, partial = (partial + data).split(b"\n") if data else ([partial] if partial else []) + [b""]
+        if data and b"\n" not in data:  # a long line: collect it in place (linear time)
+            partial += data
+            continue
+        *complete, partial = (bytes(partial) + data).split(b"\n") if data else \
+            ([bytes(partial)] if partial else []) + [b""]
+        partial = bytearray(partial)
         for raw in complete:
             if not raw.strip():
                 continue
@@ -185,9 +210,8 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
                              is_master=False, timeout=timedelta(seconds=60))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"course_lib/attempt{attempt}", base)
-    else:
-        import tempfile
-        store = dist.FileStore(tempfile.mktemp(prefix="course_lib_single_"), 1)
+    else:  # alone: an in-memory store (no file left behind)
+        store = dist.HashStore()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     _exit_without_finalizing()
     return rank, world

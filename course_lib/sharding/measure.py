@@ -11,18 +11,56 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import psutil
+import torch
 from torch import nn
 
-from course_lib.common.models import GPTConfig
+from course_lib.common.models import GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
-from course_lib.memory.report import MemoryReport
+from course_lib.memory.report import MemoryReport, format_bytes
+from course_lib.memory.tracker import _flow_bytes
+from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
 from course_lib.sharding.rank_measure import check_request, make_inputs, measure_rank
 from course_lib.sharding.strategies import STRATEGIES
 
 __all__ = ["measure_distributed", "compare_strategies", "memory_vs_world", "measure_rank",
-           "check_request", "make_inputs"]
+           "check_request", "make_inputs", "check_fits"]
+
+
+def check_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs: int,
+               optimizer: str, precision: str) -> None:
+    """Refuse a real run of a config whose predicted bytes exceed free memory (before any process).
+
+    Per rank: the full fp32 model each rank builds before wrapping, or the strategy's model states
+    (:func:`course_lib.sharding.formulas.per_rank_bytes`), whichever is larger, plus what flows
+    through a step (chapter 1's activation formula). All ranks share this machine's RAM; on GPUs,
+    each GPU's free memory holds the ranks placed on it. A given module has already allocated:
+    not checked.
+    """
+    if not isinstance(model_or_config, (GPTConfig, str)):
+        return
+    config = get_config(model_or_config)
+    shapes = zero.param_shapes(config)
+    states = max(max(row["model_states"], row["model_states_fwd"])
+                 for s in strategies for row in zero.per_rank_bytes(shapes, s, nprocs, optimizer,
+                                                                    precision))
+    per_rank = max(states, 4 * sum(zero._numel(shape) for shape in shapes)) + \
+        _flow_bytes(config, tuple(batch), precision)
+    placement = devices.plan(nprocs)
+    if placement.device == "cuda":
+        ranks_per_gpu = -(-nprocs // devices.gpu_count())
+        needed, free = ranks_per_gpu * per_rank, min(
+            torch.cuda.mem_get_info(i)[0] for i in range(min(nprocs, devices.gpu_count())))
+        where = "on a GPU"
+    else:
+        needed, free, where = nprocs * per_rank, psutil.virtual_memory().available, "of RAM"
+    if needed > free:
+        raise MemoryError(f"{nprocs} rank(s) of this run need about {format_bytes(needed)} "
+                          f"{where} (predicted: {format_bytes(per_rank)} per rank) but only "
+                          f"{format_bytes(free)} is free; use fake=True to measure it on fake "
+                          "tensors without allocating, or a smaller model, batch or strategy")
 
 
 def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
@@ -49,6 +87,7 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
     if ranks is not None:
         raise ValueError("ranks= only applies to fake=True: a real run measures every rank")
     devices.plan(nprocs)  # bad world sizes fail here, with the launcher's message
+    check_fits(model_or_config, batch, [strategy], nprocs, optimizer, precision)
     return run(measure_rank, nprocs, model_or_config, batch, timeout=timeout, **kwargs)
 
 
@@ -71,6 +110,7 @@ def compare_strategies(model_or_config: nn.Module | GPTConfig | str, batch, *,
     for strategy in strategies:
         check_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
     devices.plan(nprocs)
+    check_fits(model_or_config, batch, strategies, nprocs, optimizer, precision)
     per_rank = run(_measure_each, nprocs, model_or_config, batch, strategies, timeout=timeout,
                    optimizer=optimizer, precision=precision, iterations=iterations, seed=seed)
     return {s: [ranks[s] for ranks in per_rank] for s in strategies}

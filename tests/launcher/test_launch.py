@@ -235,6 +235,12 @@ def test_concurrent_launches_from_threads_of_one_kernel():
     (dict(nprocs=2, device="tpu"), ValueError, "unknown device 'tpu'"),
     (dict(nprocs=2, timeout=0), ValueError, "timeout must be a positive number"),
     (dict(nprocs=2, threads=0), ValueError, "threads must be at least 1"),
+    (dict(nprocs=2, timeout=float("nan")), ValueError, "timeout must be a positive number of "
+                                                       "seconds, finite, got nan"),
+    (dict(nprocs=2, timeout=float("inf")), ValueError, "finite, got inf"),
+    (dict(nprocs=2, timeout=True), ValueError, "finite, got True"),
+    (dict(nprocs=2, threads="2"), TypeError, "threads must be an int or None, got '2'"),
+    (dict(nprocs=2, threads=1.5), TypeError, "threads must be an int or None, got 1.5"),
 ])
 def test_bad_input_fails_before_any_process_starts(monkeypatch, kwargs, error, message):
     def no_server():
@@ -274,3 +280,23 @@ def test_threads_per_rank_follow_the_core_count():
     expected = max(1, devices.cpu_count() // 2)
     assert run(torch.get_num_threads, 2) == [expected, expected]
     assert run(torch.get_num_threads, 2, threads=1) == [1, 1]
+
+
+def test_run_folders_of_killed_kernels_are_removed_by_the_next_kernel(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))  # this checkout's course_lib, then tests
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), here]),
+           "TMPDIR": str(tmp_path)}
+    path = str(tmp_path / "pid")
+    script = f"from course_lib.launcher.launch import run\nfrom test_launch import _sleep_and_report_pid\n" \
+             f"run(_sleep_and_report_pid, 2, {path!r})\n"
+    killed = subprocess.Popen([sys.executable, "-c", script], env=env,
+                              cwd=here)
+    try:
+        wait_gone(_pids(path, 2), timeout=0)
+    finally:
+        killed.kill()  # like a kernel killed mid-run: its run folder stays
+        killed.wait()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(f"course_lib_run_{killed.pid}_")]
+    subprocess.run([sys.executable, "-c", "from course_lib.launcher.launch import warm_up; warm_up()"],
+                   env=env, check=True, timeout=300)
+    assert [p for p in os.listdir(tmp_path) if p.startswith("course_lib_run_")] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -16,8 +17,11 @@ from course_lib.launcher import torchrun as tr  # the module; course_lib.torchru
 from processes import wait_gone
 
 
-def test_a_module_runs_on_every_rank_with_prefixed_output(capsys):
+def test_a_module_runs_on_every_rank_with_prefixed_output(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     job = torchrun("course_lib.scripts.hello_allreduce", 3, module=True)
+    assert os.listdir(tmp_path) == []  # no torchelastic_* folder left behind
     ranks = sorted(line for line in job.output.splitlines() if line.startswith("[rank"))
     assert ranks == [f"[rank {r}] rank {r} of 3: sum of (rank + 1) over all ranks = 6"
                      for r in range(3)]
@@ -79,12 +83,32 @@ def test_bad_requests_fail_before_starting(monkeypatch):
         torchrun("nope.py", 2)
     with pytest.raises(ValueError, match="nprocs must be at least 1"):
         torchrun("course_lib.scripts.hello_allreduce", 0, module=True)
+    for bad in (float("nan"), float("inf"), 0):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=bad)
 
 
-def test_init_distributed_runs_a_script_alone_and_inside_run():
+def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "course_lib.scripts.hello_allreduce"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ})
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
+    assert os.listdir(tmp_path) == []  # alone: no store file left behind
     assert "rank 0 of 1: sum of (rank + 1) over all ranks = 1" in out.stdout
     from course_lib.scripts.hello_allreduce import main
     assert launch.run(main, 3) == [6.0, 6.0, 6.0]
+
+
+def test_the_agents_stores_listen_on_loopback_only(tmp_path):
+    script = tmp_path / "listeners.py"
+    script.write_text(textwrap.dedent("""
+        import os, psutil
+        from course_lib.launcher.torchrun import init_distributed
+        rank, world = init_distributed()
+        agent = psutil.Process(os.getppid())  # torchrun's agent hosts the stores
+        found = sorted({c.laddr.ip for c in agent.net_connections("tcp") if c.status == "LISTEN"})
+        print("agent listens on", ",".join(found))
+    """))
+    job = torchrun(str(script), 2, quiet=True, timeout=120)
+    lines = [ln for ln in job.output.splitlines() if "agent listens on" in ln]
+    assert len(lines) == 2 and all(ln.endswith("agent listens on 127.0.0.1") for ln in lines), lines

@@ -152,3 +152,20 @@ def test_notebook_exercises_solutions_pass_and_wrong_answers_fail(no_leftover_ra
             and r["bytes"]["peak"] < 80e9]
     expected = min(fits, key=order.index)
     assert check_choice("zero2", expected, order) and not check_choice("zero1", expected, order)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: measure_distributed("gpt-7b", (1, 128), strategy="fsdp", nprocs=2),
+    lambda: compare_strategies("gpt-7b", (1, 128), nprocs=2),
+])
+def test_a_real_7b_run_is_refused_before_any_process_starts(call, monkeypatch):
+    import course_lib.sharding.measure as dm
+    monkeypatch.setattr(dm, "run", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(MemoryError, match=r"need about [\d.]+ [GT]i?B of RAM \(predicted: .* per "
+                                          r"rank\) but only .* is free; use fake=True"):
+        call()
+
+
+def test_the_memory_check_lets_small_presets_run(no_leftover_ranks):
+    reports = measure_distributed("tiny", (2, 16), strategy="zero2", nprocs=2)
+    assert [r.info["rank"] for r in reports] == [0, 1]

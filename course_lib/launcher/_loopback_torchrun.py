@@ -1,0 +1,40 @@
+"""``python -m course_lib.launcher._loopback_torchrun ARGS`` = ``torchrun ARGS``, stores on loopback only.
+
+torchrun's agent hosts two TCPStores (the c10d rendezvous store and the store its workers join)
+and ``TCPStore`` always listens on every interface (``*:port``), even with a loopback endpoint
+and ``--local-addr=127.0.0.1``; those stores have no authentication. ``TCPStore`` can instead
+serve on a socket it is handed (``master_listen_fd``). For one-machine runs
+:func:`course_lib.torchrun` starts torchrun through this module, which hands every store the
+agent hosts on 127.0.0.1/localhost a socket bound to 127.0.0.1, then runs torchrun unchanged.
+"""
+from __future__ import annotations
+
+import runpy
+import socket
+import sys
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+_LOCAL = ("127.0.0.1", "localhost")
+
+
+class LoopbackTCPStore(dist.TCPStore):
+    """A ``TCPStore`` whose server, on a loopback host, listens on 127.0.0.1 only."""
+
+    def __init__(self, host_name, port, *args, **kwargs):
+        is_master = kwargs.get("is_master", args[1] if len(args) > 1 else False)
+        if is_master and host_name in _LOCAL and kwargs.get("master_listen_fd") is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(512)
+            port = sock.getsockname()[1]
+            kwargs["master_listen_fd"] = sock.detach()  # the store serves on it from now on
+        super().__init__(host_name, port, *args, **kwargs)
+
+
+if __name__ == "__main__":
+    dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+    sys.argv[0] = "torchrun"
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
