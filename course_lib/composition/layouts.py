@@ -14,7 +14,8 @@ from course_lib.common.models import GPTConfig
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 from course_lib.tensor_parallel.layers import tp_plan
 
-__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "predict_gpt_bytes",
+__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "tp_named_shapes",
+           "predict_gpt_bytes",
            "moe_shapes", "predict_moe_bytes"]
 
 #: the layouts run_parallel can run (sorted dimension names), and the most ranks it starts
@@ -52,25 +53,39 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
 
 
 def tp_shapes(config: GPTConfig, tp: int) -> list[tuple[int, ...]]:
-    """Every parameter's shape on one tensor-parallel rank (Megatron's split, chapter 4).
+    """Every parameter's shape on one tensor-parallel rank (Megatron's split, chapter 4)."""
+    return [shape for _, shape in tp_named_shapes(config, tp)]
+
+
+def tp_named_shapes(config: GPTConfig, tp: int, vocab_parallel: bool = False) -> list[tuple]:
+    """``(name, shape)`` of every parameter on one tensor-parallel rank.
 
     Column-parallel linears (qkv, fc) keep 1/tp of their output rows, weight and bias;
     row-parallel ones (attn.proj, mlp.proj) 1/tp of their input columns, bias whole.
+    ``vocab_parallel`` also splits ``tok_emb`` and ``lm_head`` by vocabulary rows, as
+    Megatron-LM does (the runs of this chapter keep them whole).
     """
-    from course_lib.common.models import GPT
     import torch
-    with torch.device("meta"):
-        model = GPT(config)
+
+    from course_lib.common.models import GPT
+    with torch.device("meta"):  # one block is enough: the others have the same shapes
+        model = GPT(config.replace(n_layer=1))
+    named = [(n, p.shape) for n, p in model.named_parameters() if not n.startswith("blocks.")]
+    block = [(n.split(".", 2)[2], p.shape) for n, p in model.named_parameters()
+             if n.startswith("blocks.")]
+    named[2:2] = [(f"blocks.{i}.{n}", shape) for i in range(config.n_layer) for n, shape in block]
     plan, out = tp_plan(), []
-    for name, p in model.named_parameters():
-        shape = list(p.shape)
+    for name, shape in named:
+        shape = list(shape)
         style = next((s for m, s in plan.items() if name.startswith("blocks.") and
                       name.split(".", 2)[2].rsplit(".", 1)[0] == m), None)
         if style == "column":
             shape[0] //= tp
         elif style == "row" and len(shape) == 2:
             shape[1] //= tp
-        out.append(tuple(shape))
+        elif vocab_parallel and name in ("tok_emb.weight", "lm_head.weight"):
+            shape[0] = -(-shape[0] // tp)
+        out.append((name, tuple(shape)))
     return out
 
 

@@ -8,7 +8,7 @@ from course_lib import run_parallel
 from course_lib.common.models import get_config
 from course_lib.composition.layouts import predict_gpt_bytes
 from course_lib.composition.mesh import show_meshes
-from course_lib.composition.scale import at_scale
+from course_lib.composition.scale import LLAMA3_405B, at_scale
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 
 
@@ -33,8 +33,19 @@ def test_two_d_prediction_is_chapter_3_formula_divided_by_tp():
     fsdp2 = per_rank_bytes(param_shapes(config), "fsdp", 2)[0]["params"]
     both = predict_gpt_bytes(config, {"dp_shard": 2, "tp": 2})["params"]
     assert both < fsdp2 and predict_gpt_bytes(config, {"dp_shard": 2})["params"] == fsdp2
-    assert at_scale(config, {"dp_shard": 2, "tp": 2})["per_gpu_bytes"] == \
+    assert at_scale(config, {"dp_shard": 2, "tp": 2}, vocab_parallel=False)["per_gpu_bytes"] == \
         predict_gpt_bytes(config, {"dp_shard": 2, "tp": 2})["model_states"]
+
+
+def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
+    r = at_scale("405B", LLAMA3_405B)
+    assert r["gpus"] == 16384 and 400e9 < r["params"] < 420e9
+    even = 16 * r["params"] / r["gpus"]
+    assert even < r["per_gpu_bytes"] < 1.2 * even  # a stage holds 8 of 126 layers, not 126/16
+    no_fsdp = at_scale("405B", {"tp": 8, "pp": 16})["per_gpu_bytes"]
+    assert no_fsdp == pytest.approx(128 * r["per_gpu_bytes"], rel=1e-3)
+    with pytest.raises(ValueError, match="unknown mesh dimension 'dp'"):
+        at_scale("7B", {"dp": 8})
 
 
 @pytest.mark.parametrize("layout, message", [
