@@ -19,7 +19,7 @@ __all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "tp_name
            "moe_shapes", "predict_moe_bytes"]
 
 #: the layouts run_parallel can run (sorted dimension names), and the most ranks it starts
-RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",)}
+RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",), ("cp",)}
 MAX_RANKS = 4
 KNOWN = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 #: the mixture-of-experts layer of the "ep" runs
@@ -46,6 +46,9 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     tp = layout.get("tp", 1)
     if config.n_head % tp:
         raise ValueError(f"tp={tp} must divide the {config.n_head} attention heads")
+    cp = layout.get("cp", 1)
+    if config.seq_len % cp:
+        raise ValueError(f"cp={cp} must divide the sequence length {config.seq_len}")
     ep = layout.get("ep", 1)
     if MOE["n_experts"] % ep:
         raise ValueError(f"ep={ep} must divide the {MOE['n_experts']} experts")

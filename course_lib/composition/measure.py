@@ -19,6 +19,7 @@ from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import local_bytes, train_2d
+from course_lib.composition.context import _qkv, cp_attention_rank, cp_predicted_bytes
 from course_lib.composition.layouts import MOE, check_layout, predict_gpt_bytes, predict_moe_bytes
 from course_lib.composition.moe import MoE, ep_forward
 from course_lib.launcher.launch import run
@@ -134,7 +135,10 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
     """Run ``layout`` on ``prod(layout)`` real ranks and check it against one process.
 
     ``batch`` is ``(sequences, seq_len)`` per data-parallel rank for the GPT layouts (default
-    ``(2, 32)``) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). Returns a dict with
+    ``(2, 32)``) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
+    ring attention (forward) over the preset's heads and sequence, ``batch`` sequences (default
+    2), against SDPA on the full sequence: its diff is the attention output's and its bytes are
+    activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
     ``layout``, ``max_abs_diff_vs_single``, ``tolerance``, ``losses`` (rank 0 / single) and
     ``ranks``: per rank ``bytes_measured`` and ``bytes_predicted`` (params, grads, optimizer,
     model_states); ``{"ep": n}`` adds ``tokens_per_expert`` and ``all_to_all_bytes``.
@@ -144,6 +148,8 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     world = math.prod(layout.values())
+    if "cp" in layout:
+        return _run_cp(config, layout, (batch or (2,))[0])
     if "ep" in layout:
         tokens = (batch or (16,))[0]
         results = run(train_ep, world, layout["ep"], steps, tokens)
@@ -171,3 +177,19 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
         report["tokens_per_expert_single"] = counts.tolist()
         report["all_to_all_bytes"] = [r["log"]["all_to_all_bytes"] for r in results]
     return report
+
+
+def _run_cp(config, layout: dict[str, int], sequences: int) -> dict:
+    """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process."""
+    shape = (sequences, config.n_head, config.seq_len, config.head_dim)
+    results = run(cp_attention_rank, layout["cp"], shape)
+    q, k, v = _qkv(*shape)
+    full = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = torch.cat([r["out"] for r in results], dim=2)
+    predicted = cp_predicted_bytes(shape, layout["cp"])
+    keys = ("activation_bytes", "score_bytes")
+    return {"layout": layout, "world": layout["cp"], "what": "attention forward",
+            "max_abs_diff_vs_single": (got - full).abs().max().item(), "tolerance": 1e-5,
+            "single_bytes": cp_predicted_bytes(shape, 1),
+            "ranks": [{"rank": r["rank"], "bytes_measured": {k: r[k] for k in keys},
+                       "bytes_predicted": predicted} for r in results]}

@@ -28,6 +28,17 @@ def test_layout_equals_single_process_and_bytes_equal_prediction(layout):
         assert all(b > 0 for b in report["all_to_all_bytes"])
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_attention_equals_sdpa_and_activation_bytes_fall_with_cp(cp):
+    report = run_parallel({"cp": cp})
+    assert report["max_abs_diff_vs_single"] < report["tolerance"]
+    for rank in report["ranks"]:
+        assert rank["bytes_measured"] == rank["bytes_predicted"]
+    full, mine = report["single_bytes"], report["ranks"][0]["bytes_measured"]
+    assert mine["score_bytes"] * cp * cp == full["score_bytes"]
+    assert mine["activation_bytes"] < full["activation_bytes"] * 1.5 / cp + 1
+
+
 def test_two_d_prediction_is_chapter_3_formula_divided_by_tp():
     config = get_config("tiny")
     fsdp2 = per_rank_bytes(param_shapes(config), "fsdp", 2)[0]["params"]
@@ -54,6 +65,7 @@ def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
     ({"tp": 3}, "not implemented"),
     ({"dp_shard": 1, "tp": 4}, "tp=4 must divide the 2 attention heads"),
     ({"ep": 3}, "ep=3 must divide the 4 experts"),
+    ({"cp": 3}, "cp=3 must divide the sequence length 64"),
     ({"dp_shard": 0}, "must be a positive integer"),
     ([("tp", 2)], "non-empty dict"),
 ])
