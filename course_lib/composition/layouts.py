@@ -15,11 +15,12 @@ from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 from course_lib.tensor_parallel.layers import tp_plan
 
 __all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "tp_named_shapes",
-           "predict_gpt_bytes",
+           "predict_gpt_bytes", "predict_pp_bytes",
            "moe_shapes", "predict_moe_bytes"]
 
 #: the layouts run_parallel can run (sorted dimension names), and the most ranks it starts
-RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",), ("cp",)}
+RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",), ("cp",),
+            ("dp_shard", "pp")}
 MAX_RANKS = 4
 KNOWN = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 #: the mixture-of-experts layer of the "ep" runs
@@ -46,6 +47,11 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     tp = layout.get("tp", 1)
     if config.n_head % tp:
         raise ValueError(f"tp={tp} must divide the {config.n_head} attention heads")
+    pp = layout.get("pp", 1)
+    if pp not in (1, 2):
+        raise ValueError(f"pp={pp}: the hand-written pipeline of this chapter has 2 stages")
+    if config.n_layer % pp:
+        raise ValueError(f"pp={pp} must divide the {config.n_layer} layers")
     cp = layout.get("cp", 1)
     if config.seq_len % cp:
         raise ValueError(f"cp={cp} must divide the sequence length {config.seq_len}")
@@ -95,6 +101,20 @@ def tp_named_shapes(config: GPTConfig, tp: int, vocab_parallel: bool = False) ->
 def predict_gpt_bytes(config: GPTConfig, layout: dict[str, int]) -> dict[str, int]:
     """One rank's params, grads, optimizer and model_states for a 2-D GPT layout (fp32 Adam)."""
     shapes = tp_shapes(config, layout["tp"]) if "tp" in layout else param_shapes(config)
+    row = per_rank_bytes(shapes, "fsdp", layout.get("dp_shard", 1))[0]
+    return {k: row[k] for k in ("params", "grads", "optimizer", "model_states")}
+
+
+def predict_pp_bytes(config: GPTConfig, layout: dict[str, int], stage: int) -> dict[str, int]:
+    """One rank's model-state bytes in pipeline ``stage``: its blocks (and the embeddings on the
+    first stage, ``ln_f`` and ``lm_head`` on the last), FSDP-sharded over ``dp_shard``."""
+    pp, per = layout["pp"], config.n_layer // layout["pp"]
+
+    def where(name: str) -> int:
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) // per
+        return 0 if name.startswith(("tok_emb", "pos_emb")) else pp - 1
+    shapes = [s for n, s in tp_named_shapes(config, 1) if where(n) == stage]
     row = per_rank_bytes(shapes, "fsdp", layout.get("dp_shard", 1))[0]
     return {k: row[k] for k in ("params", "grads", "optimizer", "model_states")}
 

@@ -20,8 +20,10 @@ from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import local_bytes, train_2d
 from course_lib.composition.context import _qkv, cp_attention_rank, cp_predicted_bytes
-from course_lib.composition.layouts import MOE, check_layout, predict_gpt_bytes, predict_moe_bytes
+from course_lib.composition.layouts import (MOE, check_layout, predict_gpt_bytes,
+                                           predict_moe_bytes, predict_pp_bytes)
 from course_lib.composition.moe import MoE, ep_forward
+from course_lib.composition.pipeline import train_pp
 from course_lib.launcher.launch import run
 
 __all__ = ["run_parallel", "train_ep", "single_gpt", "single_moe", "TOLERANCE",
@@ -127,6 +129,8 @@ def _max_diff(results: list[dict], single: dict, key: str) -> float:
 
 def _rank_2d(config, layout, steps, batch):
     _quiet()
+    if "pp" in layout:
+        return train_pp(config, layout, steps, batch, lr=LR)
     return train_2d(config, layout, steps, batch, lr=LR)
 
 
@@ -135,7 +139,8 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
     """Run ``layout`` on ``prod(layout)`` real ranks and check it against one process.
 
     ``batch`` is ``(sequences, seq_len)`` per data-parallel rank for the GPT layouts (default
-    ``(2, 32)``) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
+    ``(2, 32)``; ``{"pp": 2, "dp_shard": n}`` runs a 2-stage pipeline by hand, each stage
+    FSDP-sharded) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
     ring attention (forward) over the preset's heads and sequence, ``batch`` sequences (default
     2), against SDPA on the full sequence: its diff is the attention output's and its bytes are
     activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
@@ -162,7 +167,7 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
         results = run(_rank_2d, world, config, layout, steps, batch)
         dp = layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
         single, losses = single_gpt(config, steps, batch, dp)
-        predicted = predict_gpt_bytes(config, layout)
+        predicted = None if "pp" in layout else predict_gpt_bytes(config, layout)
     mean = [sum(r["losses"][i] for r in results) / world for i in range(steps)]
     report = {"layout": layout, "world": world,
               "max_abs_diff_vs_single": _max_diff(results, single, "params"),
@@ -170,7 +175,8 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
               "tolerance": TOLERANCE,
               "grad_tolerance": GRAD_TOLERANCE, "losses": {"mean over ranks": mean, "single": losses},
               "ranks": [{"rank": r["rank"], "bytes_measured": r["bytes"],
-                         "bytes_predicted": predicted} for r in results]}
+                         "bytes_predicted": predicted or predict_pp_bytes(config, layout, r["stage"])}
+                        for r in results]}
     if "ep" in layout:
         report["tokens_per_expert"] = {e: n for r in results
                                        for e, n in r["log"]["tokens_per_expert"].items()}

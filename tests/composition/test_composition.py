@@ -13,7 +13,7 @@ from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 
 
 @pytest.mark.parametrize("layout", [{"dp_shard": 2, "tp": 2}, {"dp_replicate": 2, "dp_shard": 2},
-                                    {"ep": 2}], ids=str)
+                                    {"ep": 2}, {"pp": 2, "dp_shard": 2}], ids=str)
 def test_layout_equals_single_process_and_bytes_equal_prediction(layout):
     report = run_parallel(layout, steps=2)
     assert report["world"] == (4 if len(layout) == 2 else 2)
@@ -23,6 +23,9 @@ def test_layout_equals_single_process_and_bytes_equal_prediction(layout):
         assert got == pytest.approx(want, abs=1e-5)
     for rank in report["ranks"]:
         assert rank["bytes_measured"] == rank["bytes_predicted"]
+    if "pp" in layout:  # the two stages hold different parts of the model
+        stages = {r["bytes_predicted"]["model_states"] for r in report["ranks"]}
+        assert len(stages) == 2
     if "ep" in layout:  # every routed token reached its expert's owner exactly once
         assert list(report["tokens_per_expert"].values()) == report["tokens_per_expert_single"]
         assert all(b > 0 for b in report["all_to_all_bytes"])
@@ -66,6 +69,7 @@ def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
     ({"dp_shard": 1, "tp": 4}, "tp=4 must divide the 2 attention heads"),
     ({"ep": 3}, "ep=3 must divide the 4 experts"),
     ({"cp": 3}, "cp=3 must divide the sequence length 64"),
+    ({"pp": 4, "dp_shard": 1}, "has 2 stages"),
     ({"dp_shard": 0}, "must be a positive integer"),
     ([("tp", 2)], "non-empty dict"),
 ])
