@@ -67,8 +67,7 @@ def dense_params(model: torch.nn.Module, config: GPTConfig, tp: int,
     for name, p in model.named_parameters():
         p = p.grad if grads else p
         full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-        if order is not None and name.endswith("attn.qkv.weight") or \
-                order is not None and name.endswith("attn.qkv.bias"):
+        if order is not None and name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
             dense = torch.empty_like(full)
             dense[order] = full
             full = dense

@@ -83,7 +83,7 @@ def ep_forward(moe: MoE, x: torch.Tensor, ep: int, group=None, log: dict | None 
     """The MoE forward with this rank holding experts ``rank*E/ep ... (rank+1)*E/ep - 1`` only.
 
     ``moe.experts`` holds every expert's module, but only the local ones are used (and should be
-    the only ones kept; :func:`course_lib.composition.expert.train_ep` keeps just those).
+    the only ones kept; :func:`course_lib.composition.measure.train_ep` keeps just those).
     ``log`` (a dict) receives tokens per local expert and the bytes each all_to_all sent to
     other ranks.
     """
