@@ -60,6 +60,8 @@ for _module, _names in {
     # 08 DeepSpeed
     "deepspeed.engine": ["deepspeed_config", "run_zero_stages"],
     "deepspeed.load": ["deepspeed_status"],
+    # 09 composing parallelisms
+    "composition.measure": ["run_parallel"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

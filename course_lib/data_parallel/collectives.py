@@ -14,6 +14,10 @@ Rank ``r`` starts with ``[10r, 10r+1, …]`` so a number tells where it came fro
 * ``all_gather``: every rank gets the concatenation of all ranks' pieces (FSDP's weights);
 * ``reduce_scatter(SUM)``: rank ``r`` gets the sum of piece ``r`` only (ZeRO-2's gradients);
   an all-reduce is a reduce-scatter followed by an all-gather (chapter 5 writes that ring);
+* ``reduce(SUM, dst=0)``: only rank 0 gets the sum (the others' tensors are not defined after);
+* ``all_to_all``: rank ``r`` sends its piece ``j`` to rank ``j`` and gets piece ``r`` of every
+  rank (expert parallelism's token dispatch, chapter 9); ``reduce`` and ``all_to_all`` are
+  shown on request (``names=MORE_COLLECTIVES``), not by default;
 * ``barrier``: moves no data; nobody leaves before the last rank has arrived. Rank ``r`` sleeps
   ``r × 50 ms`` first; every rank records when it left.
 
@@ -31,9 +35,11 @@ from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
-__all__ = ["DEMO_COLLECTIVES", "CollectiveDemo", "show_collectives", "format_collectives"]
+__all__ = ["DEMO_COLLECTIVES", "MORE_COLLECTIVES", "CollectiveDemo", "show_collectives",
+           "format_collectives"]
 
 DEMO_COLLECTIVES = ("broadcast", "all_reduce", "all_gather", "reduce_scatter", "barrier")
+MORE_COLLECTIVES = ("reduce", "all_to_all")
 _BARRIER_DELAY_S = 0.05
 
 
@@ -96,6 +102,17 @@ def _rank_demo(names: list[str]) -> dict[str, tuple[list[float], list[float]]]:
             before = x.tolist()
             dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM)
             after = mine.tolist()
+        elif name == "reduce":
+            x = _start(rank, world, world)
+            before = x.tolist()
+            dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)
+            after = x.tolist() if rank == 0 else []        # undefined on the other ranks
+        elif name == "all_to_all":
+            x = _start(rank, world, world)                 # element j is for rank j
+            received = x.new_empty(world)
+            before = x.tolist()
+            dist.all_to_all_single(received, x)
+            after = received.tolist()
         else:  # barrier: arrive at different times, leave together
             dist.barrier()                                 # line everybody up first
             delay = rank * _BARRIER_DELAY_S
@@ -110,9 +127,10 @@ def _rank_demo(names: list[str]) -> dict[str, tuple[list[float], list[float]]]:
 def show_collectives(world: int = 4, names: tuple[str, ...] = DEMO_COLLECTIVES
                      ) -> list[CollectiveDemo]:
     """Run each collective in ``names`` on ``world`` real ranks; return their before/after."""
-    unknown = [n for n in names if n not in DEMO_COLLECTIVES]
+    unknown = [n for n in names if n not in DEMO_COLLECTIVES + MORE_COLLECTIVES]
     if unknown:
-        raise ValueError(f"unknown collective(s) {unknown}; choose from {DEMO_COLLECTIVES}")
+        raise ValueError(f"unknown collective(s) {unknown}; choose from "
+                         f"{DEMO_COLLECTIVES + MORE_COLLECTIVES}")
     if not is_int(world) or world < 2:
         raise ValueError(f"world must be an integer >= 2 (a collective needs partners), "
                          f"got {world!r}")
@@ -142,5 +160,6 @@ def format_collectives(demos: list[CollectiveDemo]) -> str:
             continue
         width = max(len(_fmt(b)) for b in demo.before)
         for rank, (before, after) in enumerate(zip(demo.before, demo.after)):
-            lines.append(f"  rank {rank}: {_fmt(before):<{width}}  ->  {_fmt(after)}")
+            shown = _fmt(after) if after else "(not defined: only rank 0 receives)"
+            lines.append(f"  rank {rank}: {_fmt(before):<{width}}  ->  {shown}")
     return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""``run_parallel(layout)``: train on ``prod(layout)`` real ranks, compare with one process.
+
+Every layout is run for ``steps`` Adam steps on real ranks (``course_lib.run``), then checked
+against the same model trained in this process on the global batch: ``max_abs_diff_vs_single``
+is the largest difference of any weight after the steps. Per rank, ``bytes_measured`` counts
+the storages of the rank's local parameters, gradients and optimizer states (DTensor shards via
+``to_local()``); ``bytes_predicted`` comes from :mod:`course_lib.composition.layouts`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.common.data import get_batch
+from course_lib.common.models import GPT, get_config
+from course_lib.common.training import make_optimizer
+from course_lib.composition.compose import local_bytes, train_2d
+from course_lib.composition.context import _qkv, cp_attention_rank, cp_predicted_bytes
+from course_lib.composition.layouts import (MOE, check_layout, predict_gpt_bytes,
+                                           predict_moe_bytes, predict_pp_bytes)
+from course_lib.composition.moe import MoE, ep_forward
+from course_lib.composition.pipeline import train_pp
+from course_lib.launcher.launch import run
+
+__all__ = ["run_parallel", "train_ep", "single_gpt", "single_moe", "TOLERANCE",
+           "GRAD_TOLERANCE"]
+
+#: gradients agree to ~1e-7 (summation order); weights after Adam steps to ~1e-5: where a
+#: gradient is as small as Adam's eps (1e-8), m / (sqrt(v) + eps) turns a 1e-8 rounding
+#: difference into a sizeable fraction of lr (1e-3). A wrong batch or a missing shard moves
+#: weights by ~lr, a gradient averaged wrongly shows in the gradients (Adam hides a scale).
+TOLERANCE = 1e-4
+GRAD_TOLERANCE = 1e-6
+LR = 1e-3
+
+
+def _quiet() -> None:
+    """Silence DTensor's note that gathering a 2-D sharded tensor takes two all_gathers."""
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+def _moe_data(step: int, rank: int, tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + rank)
+    return (torch.randn(tokens, MOE["d_model"], generator=gen),
+            torch.randn(tokens, MOE["d_model"], generator=gen))
+
+
+def train_ep(ep: int, steps: int, tokens: int, seed: int = 0) -> dict:
+    """Inside a rank: train the MoE with experts split over ``ep`` ranks (gradients: the router's
+    all-reduced and averaged, each expert's summed over all ranks' tokens by the backward
+    all_to_all, then divided by ``ep``: the global loss is the mean of the ranks' losses)."""
+    rank = dist.get_rank()
+    torch.manual_seed(seed)
+    moe = MoE(**MOE)
+    per = MOE["n_experts"] // ep
+    mine = range(rank * per, (rank + 1) * per)
+    for e in range(MOE["n_experts"]):      # drop the experts other ranks own
+        if e not in mine:
+            moe.experts[e] = nn.Identity()
+    optimizer = make_optimizer(moe.parameters(), "adam", lr=LR)
+    losses, log = [], {}
+    for step in range(steps):
+        x, target = _moe_data(step, rank, tokens, seed)
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(ep_forward(moe, x, ep, log=log), target)
+        loss.backward()
+        dist.all_reduce(moe.router.weight.grad)
+        for p in moe.parameters():
+            p.grad /= ep
+        optimizer.step()
+        losses.append(loss.item())
+    params = list(moe.parameters())
+    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
+                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
+    measured["model_states"] = sum(measured.values())
+    return {"rank": rank, "losses": losses, "bytes": measured, "log": log,
+            "params": {n: p.detach().clone() for n, p in moe.named_parameters()},
+            "grads": {n: p.grad.clone() for n, p in moe.named_parameters()}}
+
+
+def single_moe(ep: int, steps: int, tokens: int, seed: int = 0) -> tuple[dict, list, torch.Tensor]:
+    """The same MoE trained in this process on every rank's tokens at once; also returns the
+    global tokens per expert of the last step."""
+    torch.manual_seed(seed)
+    moe = MoE(**MOE)
+    optimizer = make_optimizer(moe.parameters(), "adam", lr=LR)
+    losses = []
+    for step in range(steps):
+        x, target = (torch.cat(t) for t in zip(*(_moe_data(step, r, tokens, seed) for r in range(ep))))
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(moe(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        counts = torch.bincount(moe.router(x).topk(MOE["top_k"], dim=-1)[1].flatten(),
+                                minlength=MOE["n_experts"])
+    return _state(moe), losses, counts
+
+
+def single_gpt(config, steps: int, batch: tuple[int, int], dp: int, seed: int = 0):
+    """The GPT trained in this process on the global batch (``dp`` ranks' batches together)."""
+    torch.manual_seed(seed)
+    model = GPT(config)
+    optimizer = make_optimizer(model.parameters(), "adam", lr=LR)
+    losses = []
+    for step in range(steps):
+        inputs, targets = get_batch(batch[0] * dp, batch[1], seed=seed, step=step)
+        optimizer.zero_grad(set_to_none=True)
+        loss = GPT.loss(model(inputs % config.vocab_size), targets % config.vocab_size)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return _state(model), losses
+
+
+def _state(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def _max_diff(results: list[dict], single: dict, key: str) -> float:
+    return max((r[key][n] - single[key][n]).abs().max().item() for r in results for n in r[key])
+
+
+def _rank_2d(config, layout, steps, batch):
+    _quiet()
+    if "pp" in layout:
+        return train_pp(config, layout, steps, batch, lr=LR)
+    return train_2d(config, layout, steps, batch, lr=LR)
+
+
+def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2,
+                 batch: tuple[int, int] | None = None) -> dict:
+    """Run ``layout`` on ``prod(layout)`` real ranks and check it against one process.
+
+    ``batch`` is ``(sequences, seq_len)`` per data-parallel rank for the GPT layouts (default
+    ``(2, 32)``; ``{"pp": 2, "dp_shard": n}`` runs a 2-stage pipeline by hand, each stage
+    FSDP-sharded) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
+    ring attention (forward) over the preset's heads and sequence, ``batch`` sequences (default
+    2), against SDPA on the full sequence: its diff is the attention output's and its bytes are
+    activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
+    ``layout``, ``max_abs_diff_vs_single``, ``tolerance``, ``losses`` (rank 0 / single) and
+    ``ranks``: per rank ``bytes_measured`` and ``bytes_predicted`` (params, grads, optimizer,
+    model_states); ``{"ep": n}`` adds ``tokens_per_expert`` and ``all_to_all_bytes``.
+    """
+    config = get_config(preset)
+    layout = check_layout(layout, config)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    world = math.prod(layout.values())
+    if "cp" in layout:
+        return _run_cp(config, layout, (batch or (2,))[0])
+    if "ep" in layout:
+        tokens = (batch or (16,))[0]
+        results = run(train_ep, world, layout["ep"], steps, tokens)
+        single, losses, counts = single_moe(layout["ep"], steps, tokens)
+        predicted = predict_moe_bytes(layout["ep"])
+    else:
+        batch = tuple(batch or (2, 32))
+        if batch[1] > config.seq_len:
+            raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
+        results = run(_rank_2d, world, config, layout, steps, batch)
+        dp = layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
+        single, losses = single_gpt(config, steps, batch, dp)
+        predicted = None if "pp" in layout else predict_gpt_bytes(config, layout)
+    mean = [sum(r["losses"][i] for r in results) / world for i in range(steps)]
+    report = {"layout": layout, "world": world,
+              "max_abs_diff_vs_single": _max_diff(results, single, "params"),
+              "max_abs_grad_diff_vs_single": _max_diff(results, single, "grads"),
+              "tolerance": TOLERANCE,
+              "grad_tolerance": GRAD_TOLERANCE, "losses": {"mean over ranks": mean, "single": losses},
+              "ranks": [{"rank": r["rank"], "bytes_measured": r["bytes"],
+                         "bytes_predicted": predicted or predict_pp_bytes(config, layout, r["stage"])}
+                        for r in results]}
+    if "ep" in layout:
+        report["tokens_per_expert"] = {e: n for r in results
+                                       for e, n in r["log"]["tokens_per_expert"].items()}
+        report["tokens_per_expert_single"] = counts.tolist()
+        report["all_to_all_bytes"] = [r["log"]["all_to_all_bytes"] for r in results]
+    return report
+
+
+def _run_cp(config, layout: dict[str, int], sequences: int) -> dict:
+    """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process."""
+    shape = (sequences, config.n_head, config.seq_len, config.head_dim)
+    results = run(cp_attention_rank, layout["cp"], shape)
+    q, k, v = _qkv(*shape)
+    full = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = torch.cat([r["out"] for r in results], dim=2)
+    predicted = cp_predicted_bytes(shape, layout["cp"])
+    keys = ("activation_bytes", "score_bytes")
+    return {"layout": layout, "world": layout["cp"], "what": "attention forward",
+            "max_abs_diff_vs_single": (got - full).abs().max().item(), "tolerance": 1e-5,
+            "single_bytes": cp_predicted_bytes(shape, 1),
+            "ranks": [{"rank": r["rank"], "bytes_measured": {k: r[k] for k in keys},
+                       "bytes_predicted": predicted} for r in results]}
