@@ -28,13 +28,17 @@ from course_lib.common.training import OPTIMIZERS, STATES_PER_PARAM, validate_op
 __all__ = ["PRECISIONS", "OPTIMIZERS", "RULE_BYTES_PER_PARAM", "validate", "bytes_per_param",
            "model_state_bytes", "gpt_param_tensors", "model_state_bytes_for", "inference_bytes",
            "activation_terms", "activation_bytes", "korthikanti_bytes", "batch_bytes",
-           "peak_bytes", "predict_step"]
+           "peak_bytes", "predict_step", "MIXED", "PLAYBOOK_SIZES", "playbook_table"]
 
-PRECISIONS = ("fp32", "amp", "bf16")
+PRECISIONS = ("fp32", "amp", "bf16", "mixed", "mixed-fp32-grads")
+#: Precisions whose optimizer keeps fp32 master weights (:mod:`course_lib.memory.mixed`).
+MIXED = ("mixed", "mixed-fp32-grads")
 #: The rule of thumb for fp32 (or mixed-precision) Adam training.
 RULE_BYTES_PER_PARAM = 16
 
-_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2}  # amp = autocast: fp32 weights, bf16 compute
+_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2, "mixed": 2, "mixed-fp32-grads": 2}
+# amp = autocast: fp32 weights, bf16 compute. Mixed: bf16 weights and compute (activations as bf16).
+_COMPUTE = {"fp32": "fp32", "amp": "amp", "bf16": "bf16", "mixed": "bf16", "mixed-fp32-grads": "bf16"}
 
 
 def validate(precision: str = "fp32", optimizer: str = "adam") -> None:
@@ -42,17 +46,25 @@ def validate(precision: str = "fp32", optimizer: str = "adam") -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
     validate_optimizer(optimizer)
+    if precision in MIXED and optimizer not in ("adam", "adamw"):
+        raise ValueError(f"precision={precision!r} keeps fp32 master weights for Adam; "
+                         f"use optimizer 'adam' or 'adamw', not {optimizer!r}")
 
 
 def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
     """Bytes per parameter of weights, gradients and optimizer states (and their total).
 
     Gradients and optimizer states take the weights' dtype: fp32 Adam 4+4+8 = 16, AMP (fp32
-    weights) 16, bf16 Adam 2+2+4 = 8, fp32 SGD 8, fp32 SGD with momentum 12.
+    weights) 16, bf16 Adam 2+2+4 = 8, fp32 SGD 8, fp32 SGD with momentum 12. ``"mixed"``: bf16
+    weights and grads, fp32 master + moments 2+2+12 = 16; ``"mixed-fp32-grads"`` adds the fp32
+    gradient accumulator to the grads, 2+(2+4)+12 = 20 (the Ultra-Scale Playbook's column).
     """
     validate(precision, optimizer)
     w = _WEIGHT_BYTES[precision]
     table = {"params": w, "grads": w, "optimizer": STATES_PER_PARAM[optimizer] * w}
+    if precision in MIXED:
+        table["optimizer"] = 4 + 4 * STATES_PER_PARAM[optimizer]
+        table["grads"] += 4 if precision == "mixed-fp32-grads" else 0
     return {**table, "total": sum(table.values())}
 
 
@@ -91,6 +103,22 @@ def model_state_bytes_for(model: nn.Module | GPTConfig | str, precision: str = "
                              n_tensors=gpt_param_tensors(config))
 
 
+#: The model sizes of the Ultra-Scale Playbook's memory table.
+PLAYBOOK_SIZES = (1_000_000_000, 7_000_000_000, 70_000_000_000, 405_000_000_000)
+
+
+def playbook_table(sizes: tuple[int, ...] = PLAYBOOK_SIZES) -> list[dict[str, float]]:
+    """The Ultra-Scale Playbook's table of model-state memory, in GB (10⁹ bytes) as it prints it.
+
+    Column ``"mixed"``: fp32, or bf16 with fp32 master weights and moments — 16 B/param either
+    way (4+4+8 or 2+2+4+8). Column ``"mixed-fp32-grads"``: bf16 with fp32 gradient accumulation,
+    2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 grads) + 4 (fp32 master) + 8 (moments) = 20.
+    Like the Playbook it leaves out Adam's few step counters.
+    """
+    row = {p: bytes_per_param(p)["total"] for p in ("fp32", "mixed", "mixed-fp32-grads")}
+    return [{"params": n, **{p: b * n / 1e9 for p, b in row.items()}} for n in sizes]
+
+
 def inference_bytes(n_params: int, precision: str = "fp32") -> int:
     """Weights only: what inference must hold at least (no grads, no optimizer, nothing saved)."""
     validate(precision)
@@ -116,6 +144,7 @@ def activation_terms(config: GPTConfig | str, batch_size: int, seq_len: int,
     """
     config = get_config(config)
     validate(precision)
+    precision = _COMPUTE[precision]
     b, s, h, a, v = batch_size, seq_len, config.d_model, config.n_head, config.vocab_size
     resid, act = _WEIGHT_BYTES[precision], {"fp32": 4, "amp": 2, "bf16": 2}[precision]
     stat = 2 if precision == "bf16" else 4
@@ -174,7 +203,8 @@ def peak_bytes(config: GPTConfig | str, batch_size: int, seq_len: int, precision
     """
     c = get_config(config)
     states = model_state_bytes_for(c, precision, optimizer)
-    fixed = states["params"] + states["optimizer"] + batch_bytes(batch_size, seq_len)
+    kept = 4 * param_count(c) if precision == "mixed-fp32-grads" else 0  # fp32 grads outlive zero_grad
+    fixed = states["params"] + states["optimizer"] + kept + batch_bytes(batch_size, seq_len)
     start_bw = fixed + activation_bytes(c, batch_size, seq_len, precision) \
         + 2 * 4 * batch_size * seq_len * c.vocab_size
-    return max(start_bw, fixed + states["grads"])
+    return max(start_bw, fixed - kept + states["grads"])
