@@ -133,7 +133,8 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
 
 def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, int], *,
                  loss_fn: LossFn | None = None, optimizer: str = "adam", precision: str = "fp32",
-                 fake: bool = False, iterations: int = 2, seed: int = 0) -> MemoryReport:
+                 fake: bool = False, iterations: int = 2, seed: int = 0,
+                 recompute: str = "none") -> MemoryReport:
     """Measure one steady-state training step, per memory category.
 
     ``model`` is a module with its ``batch = (inputs, targets)``, or a :class:`GPTConfig` /
@@ -144,9 +145,14 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
     and moments in :class:`~course_lib.memory.mixed.MixedPrecisionAdam`: 16 B/param) and
     ``"mixed-fp32-grads"`` (plus fp32 gradient accumulators: 20 B/param), Adam/AdamW only. ``fake=True`` (config only) runs on fake tensors and
     allocates nothing. Raises ``ValueError`` for bad choices and ``MemoryError`` when a real run
-    would not fit in free RAM — both before allocating.
+    would not fit in free RAM — both before allocating. ``recompute`` (a GPT only): ``"none"``,
+    ``"selective"`` (checkpoint the attention core) or ``"full"`` (checkpoint every block), see
+    :meth:`GPT.set_recompute`.
     """
-    predict.validate(precision, optimizer)
+    predict.validate(precision, optimizer, recompute)
+    if recompute != "none" and not isinstance(model, (GPT, GPTConfig, str)):
+        raise ValueError(f"recompute={recompute!r} needs the course's GPT (or a config), "
+                         f"got {type(model).__name__}")
     if iterations < 2:
         raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
     if isinstance(model, (GPTConfig, str)):
@@ -157,6 +163,7 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
                         + _flow_bytes(config, shape, precision))
         with FakeTensorMode() if fake else nullcontext():
             model, batch = _build(config, shape, precision, seed)
+            model.set_recompute(recompute)
             opt = _optimizer(model, optimizer, precision, fake)
             report = tracked_steps(model, opt, batch, loss_fn=loss_fn or GPT.loss,
                                    iterations=iterations, autocast_dtype=_autocast(precision))
@@ -171,9 +178,16 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
             extra += _flow_bytes(model.config, tuple(batch[0].shape), precision)
         _check_fits(extra)
         opt = _optimizer(model, optimizer, precision, False)
-        report = tracked_steps(model, opt, batch, loss_fn=loss_fn, iterations=iterations,
-                               autocast_dtype=_autocast(precision))
-    report.info.update(precision=precision, optimizer=optimizer, fake=fake,
+        before = getattr(model, "recompute", "none")
+        if isinstance(model, GPT):
+            model.set_recompute(recompute)
+        try:
+            report = tracked_steps(model, opt, batch, loss_fn=loss_fn, iterations=iterations,
+                                   autocast_dtype=_autocast(precision))
+        finally:
+            if isinstance(model, GPT):
+                model.set_recompute(before)
+    report.info.update(precision=precision, optimizer=optimizer, fake=fake, recompute=recompute,
                        batch=tuple(batch[0].shape))
     return report
 
