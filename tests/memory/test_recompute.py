@@ -81,3 +81,18 @@ def test_bad_recompute_choices_fail_clearly(monkeypatch):
     monkeypatch.setattr(memory, "GPT", lambda *a, **k: pytest.fail("built a model before the error"))
     with pytest.raises(ValueError, match="unknown recompute 'half'"):
         measure_step("tiny", (2, 16), recompute="half")
+
+
+def test_tradeoff_rows_carry_measured_and_predicted_bytes_and_plot():
+    from matplotlib.figure import Figure
+    from course_lib.memory.recompute import time_step, tradeoff
+    from course_lib.memory.show import plot_recompute
+    rows = tradeoff("tiny", [(2, 16)], modes=("none", "full"), repeats=1)
+    assert [r["recompute"] for r in rows] == ["none", "full"]
+    for r in rows:
+        assert r["activations"] == r["activations_predicted"]
+        assert r["forward_s"] > 0 and r["step_s"] > r["forward_s"]
+    assert rows[0]["extra_forwards"] == 0.0
+    assert isinstance(plot_recompute("tiny", rows, seq_len=16), Figure)
+    with pytest.raises(ValueError, match="time_step supports precision"):
+        time_step("tiny", (2, 16), precision="amp")
