@@ -217,7 +217,8 @@ def peak_bytes(config: GPTConfig | str, batch_size: int, seq_len: int, precision
     *Start of backward*: params + optimizer states + all activations + the fp32 gradients of the
     log-softmax and logits (2·4·bsV); grads were freed by ``zero_grad`` (except the fp32
     accumulators of ``"mixed-fp32-grads"``). *End of backward*: params + grads + optimizer
-    states. With ``recompute="full"`` also *the first block's backward*: every block's input
+    states. Mixed precision also *the optimizer step*: the largest tensor's fp32 gradient copy
+    (not with fp32 grads) and two fp32 temporaries of torch's Adam. With ``recompute="full"`` also *the first block's backward*: every block's input
     (kept), block 1 recomputed (less its GELU output, already used), the grads of everything
     above it, and the gradients flowing through its MLP, (R + 8·A)·bsh. The true peak can be a
     little higher (gradients held inside backward), so this is close to a lower bound.
@@ -238,6 +239,11 @@ def _moments(c: GPTConfig, b: int, s: int, precision: str, optimizer: str,
     out = {"start of backward": (fixed + activation_bytes(c, b, s, precision, recompute)
                                  + logits_grads, logits_grads),
            "end of backward": (fixed - kept + states["grads"], 0)}
+    if precision in MIXED:  # the step upcasts one gradient at a time; Adam's math adds two temporaries
+        h, v = c.d_model, c.vocab_size
+        largest = 4 * max(v * h, 4 * h * h, c.seq_len * h)
+        temps = (3 if precision == "mixed" else 2) * largest
+        out["optimizer step"] = (fixed - kept + states["grads"] + temps, 0)
     if recompute == "full":
         p, h, bias, bsh = _COMPUTE[precision], c.d_model, int(c.bias), b * s * c.d_model
         resid, act, g = _WEIGHT_BYTES[p], _ACT_BYTES[p], (states["grads"] - kept) // n
