@@ -122,3 +122,12 @@ def test_mixed_refuses_fp32_modules_and_parameters():
         measure_step(GPT(PRESETS["tiny"]), tokens(2, 16), precision="mixed")
     with pytest.raises(ValueError, match="needs bf16 or fp16 parameters"):
         MixedPrecisionAdam(MLP([2, 2]).parameters())
+
+
+def test_fake_7b_mixed_counts_16_bytes_per_param_and_its_peak():
+    """The seed's 16 B/param at 7B scale, on fake tensors (about 10 s, nothing allocated)."""
+    report = measure_step("gpt-7b", (1, 2048), precision="mixed", fake=True)
+    n = report.n_params
+    assert (report["params"], report["grads"]) == (2 * n, 2 * n)
+    assert report["optimizer"] == 12 * n + 4 * predict.gpt_param_tensors(PRESETS["gpt-7b"])
+    assert report["peak"] == predict.peak_bytes("gpt-7b", 1, 2048, "mixed")
