@@ -14,6 +14,9 @@ Design choices that keep the memory formulas of :mod:`course_lib.memory.predict`
   log-sum-exp per row for backward — activations grow linearly with the sequence length.
   ``attention="explicit"`` writes softmax(QKᵀ)V out and stores the ``b·a·s²`` attention matrix,
   the quadratic term of Korthikanti et al. (2022); chapter 1 measures both;
+* :meth:`GPT.set_recompute` turns on activation recomputation (``torch.utils.checkpoint``,
+  non-reentrant): ``"full"`` around every block, ``"selective"`` around the attention core
+  (:meth:`Attention.core`) as Korthikanti et al.; off by default and under ``no_grad``;
 * untied input and output embeddings by default: FSDP2 cannot wrap a tied ``lm_head`` block by
   block (it is shared with a parameter managed by another FSDP group).
 """
@@ -26,12 +29,16 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from course_lib.common.checks import is_int, positive_int
 
-__all__ = ["GPTConfig", "GPT", "MLP", "PRESETS", "get_config", "param_count", "mlp_param_count"]
+__all__ = ["GPTConfig", "GPT", "MLP", "PRESETS", "get_config", "param_count", "mlp_param_count",
+           "RECOMPUTE"]
 
 _ATTENTION = ("sdpa", "explicit")
+#: Activation recomputation modes of :meth:`GPT.set_recompute`.
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class Attention(nn.Module):
     def __init__(self, config: GPTConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.head_dim, self.explicit = config.head_dim, config.attention == "explicit"
+        self.recompute_core = False  # set by GPT.set_recompute("selective")
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias, dtype=dtype)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias, dtype=dtype)
 
@@ -113,14 +121,21 @@ class Attention(nn.Module):
         # (b, s, 3h) -> three views of shape (b, a, s, h/a); no copies are made. The head count is
         # inferred (-1) so that a tensor-parallel rank holding a slice of the heads runs unchanged.
         q, k, v = self.qkv(x).view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.explicit:
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-            y = att @ v
+        if self.recompute_core and torch.is_grad_enabled():  # selective: keep q, k, v, not scores
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QKᵀ/√d)V with a causal mask: the part selective recomputation recomputes."""
+        if self.explicit:
+            s = q.size(-2)
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+            causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+            att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+            return att @ v
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class FeedForward(nn.Module):
@@ -170,6 +185,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, dtype=dtype)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
+        self.recompute = "none"
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         seq = idx.size(1)
@@ -177,9 +193,20 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {seq} exceeds config.seq_len={self.config.seq_len}")
         pos = torch.arange(seq, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
-        for block in self.blocks:
-            x = block(x)
+        full = self.recompute == "full" and torch.is_grad_enabled()
+        for block in self.blocks:  # full: keep each block's input, recompute its inside in backward
+            x = checkpoint(block, x, use_reentrant=False) if full else block(x)
         return self.lm_head(self.ln_f(x))
+
+    def set_recompute(self, mode: str = "none") -> "GPT":
+        """Activation recomputation: ``"none"``, ``"full"`` (``torch.utils.checkpoint`` around
+        every block) or ``"selective"`` (around the attention core only, Korthikanti et al.)."""
+        if mode not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {mode!r}")
+        self.recompute = mode
+        for block in self.blocks:
+            block.attn.recompute_core = mode == "selective"
+        return self
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

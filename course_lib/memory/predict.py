@@ -5,8 +5,10 @@ Chapter 1 (``01_training_memory``) puts every number here next to a measurement 
 
 * **Model states** (:func:`bytes_per_param`, :func:`model_state_bytes`): weights, gradients and
   optimizer states. fp32 Adam keeps 4 + 4 + 4·2 = 16 bytes per parameter — the "16 B/param rule"
-  (Rajbhandari et al., ZeRO, 2020, count 2 + 2 + 12 for fp16 mixed precision: also 16). Exact to
-  the byte, including the 4-byte ``step`` counter Adam keeps per parameter *tensor*.
+  (Rajbhandari et al., ZeRO, 2020, count 2 + 2 + 12 for fp16 mixed precision: also 16, measured
+  as ``precision="mixed"``; ``"mixed-fp32-grads"`` is the Ultra-Scale Playbook's 20, see
+  :func:`playbook_table`). Exact to the byte, including the 4-byte ``step`` counter Adam keeps
+  per parameter *tensor*.
 * **Activations** (:func:`activation_terms`): what autograd saves for backward in our GPT,
   derived tensor by tensor (exact to the byte on CPU). Korthikanti et al. (2022, "Reducing
   Activation Recomputation in Large Transformer Models") count ``s·b·h·(34 + 5·a·s/h)`` bytes per
@@ -14,7 +16,9 @@ Chapter 1 (``01_training_memory``) puts every number here next to a measurement 
   (:func:`korthikanti_bytes`). Our blocks have no dropout (−2 s·b·h: the two masks) and
   flash-style SDPA keeps one fp32 log-sum-exp per row instead of the ``a·s²`` scores, which leaves
   ``16·s·b·h`` *elements* per layer: 32·s·b·h bytes in bf16, 64·s·b·h in fp32.
-* **Peak** (:func:`peak_bytes`): the larger of two moments every step passes through.
+  ``recompute="selective"`` drops the attention core's saved tensors, ``"full"`` keeps only each
+  block's input (:meth:`GPT.set_recompute`).
+* **Peak** (:func:`peak_bytes`): the largest of the moments every step passes through.
 
 Later chapters add the ZeRO / FSDP divisions of :func:`model_state_bytes` here.
 """
@@ -22,37 +26,53 @@ from __future__ import annotations
 
 from torch import nn
 
-from course_lib.common.models import GPTConfig, get_config, param_count
+from course_lib.common.models import RECOMPUTE, GPTConfig, get_config, param_count
 from course_lib.common.training import OPTIMIZERS, STATES_PER_PARAM, validate_optimizer
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "RULE_BYTES_PER_PARAM", "validate", "bytes_per_param",
            "model_state_bytes", "gpt_param_tensors", "model_state_bytes_for", "inference_bytes",
            "activation_terms", "activation_bytes", "korthikanti_bytes", "batch_bytes",
-           "peak_bytes", "predict_step"]
+           "peak_bytes", "predict_step", "MIXED", "ALL_PRECISIONS", "PLAYBOOK_SIZES", "playbook_table"]
 
+#: Precisions where grads and optimizer states take the weights' dtype (any optimizer).
 PRECISIONS = ("fp32", "amp", "bf16")
+#: Precisions whose optimizer keeps fp32 master weights (:mod:`course_lib.memory.mixed`; Adam only).
+MIXED = ("mixed", "mixed-fp32-grads")
+ALL_PRECISIONS = PRECISIONS + MIXED
 #: The rule of thumb for fp32 (or mixed-precision) Adam training.
 RULE_BYTES_PER_PARAM = 16
 
-_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2}  # amp = autocast: fp32 weights, bf16 compute
+_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2, "mixed": 2, "mixed-fp32-grads": 2}
+# amp = autocast: fp32 weights, bf16 compute. Mixed: bf16 weights and compute (activations as bf16).
+_COMPUTE = {"fp32": "fp32", "amp": "amp", "bf16": "bf16", "mixed": "bf16", "mixed-fp32-grads": "bf16"}
 
 
-def validate(precision: str = "fp32", optimizer: str = "adam") -> None:
-    """Raise a clear ``ValueError`` for an unknown precision or optimizer name."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+def validate(precision: str = "fp32", optimizer: str = "adam", recompute: str = "none") -> None:
+    """Raise a clear ``ValueError`` for an unknown precision, optimizer or recompute mode."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"unknown recompute {recompute!r}; choose one of {RECOMPUTE}")
+    if precision not in ALL_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {ALL_PRECISIONS}")
     validate_optimizer(optimizer)
+    if precision in MIXED and optimizer not in ("adam", "adamw"):
+        raise ValueError(f"precision={precision!r} keeps fp32 master weights for Adam; "
+                         f"use optimizer 'adam' or 'adamw', not {optimizer!r}")
 
 
 def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
     """Bytes per parameter of weights, gradients and optimizer states (and their total).
 
     Gradients and optimizer states take the weights' dtype: fp32 Adam 4+4+8 = 16, AMP (fp32
-    weights) 16, bf16 Adam 2+2+4 = 8, fp32 SGD 8, fp32 SGD with momentum 12.
+    weights) 16, bf16 Adam 2+2+4 = 8, fp32 SGD 8, fp32 SGD with momentum 12. ``"mixed"``: bf16
+    weights and grads, fp32 master + moments 2+2+12 = 16; ``"mixed-fp32-grads"`` adds the fp32
+    gradient accumulator to the grads, 2+(2+4)+12 = 20 (the Ultra-Scale Playbook's column).
     """
     validate(precision, optimizer)
     w = _WEIGHT_BYTES[precision]
     table = {"params": w, "grads": w, "optimizer": STATES_PER_PARAM[optimizer] * w}
+    if precision in MIXED:
+        table["optimizer"] = 4 + 4 * STATES_PER_PARAM[optimizer]
+        table["grads"] += 4 if precision == "mixed-fp32-grads" else 0
     return {**table, "total": sum(table.values())}
 
 
@@ -91,6 +111,22 @@ def model_state_bytes_for(model: nn.Module | GPTConfig | str, precision: str = "
                              n_tensors=gpt_param_tensors(config))
 
 
+#: The model sizes of the Ultra-Scale Playbook's memory table.
+PLAYBOOK_SIZES = (1_000_000_000, 7_000_000_000, 70_000_000_000, 405_000_000_000)
+
+
+def playbook_table(sizes: tuple[int, ...] = PLAYBOOK_SIZES) -> list[dict[str, float]]:
+    """The Ultra-Scale Playbook's table of model-state memory, in GB (10⁹ bytes) as it prints it.
+
+    Column ``"mixed"``: fp32, or bf16 with fp32 master weights and moments — 16 B/param either
+    way (4+4+8 or 2+2+4+8). Column ``"mixed-fp32-grads"``: bf16 with fp32 gradient accumulation,
+    2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 grads) + 4 (fp32 master) + 8 (moments) = 20.
+    Like the Playbook it leaves out Adam's few step counters.
+    """
+    row = {p: bytes_per_param(p)["total"] for p in ("fp32", "mixed", "mixed-fp32-grads")}
+    return [{"params": n, **{p: b * n / 1e9 for p, b in row.items()}} for n in sizes]
+
+
 def inference_bytes(n_params: int, precision: str = "fp32") -> int:
     """Weights only: what inference must hold at least (no grads, no optimizer, nothing saved)."""
     validate(precision)
@@ -98,7 +134,7 @@ def inference_bytes(n_params: int, precision: str = "fp32") -> int:
 
 
 def activation_terms(config: GPTConfig | str, batch_size: int, seq_len: int,
-                     precision: str = "fp32") -> dict[str, int]:
+                     precision: str = "fp32", recompute: str = "none") -> dict[str, int]:
     """Bytes autograd saves during one forward of ``GPT(config)``, term by term.
 
     Per layer, with b = batch, s = seq_len, h = d_model, a = n_head:
@@ -111,26 +147,39 @@ def activation_terms(config: GPTConfig | str, batch_size: int, seq_len: int,
       softmax A·bas² plus a boolean causal mask s²;
     * AMP only: the bf16 copies of the 12h² linear weights that autocast saves for backward.
 
-    Plus the final LayerNorm, the logits' fp32 log-softmax (4·bsV), position ids and 8 bytes of
-    loss scalars. Exact for the CPU kernels of torch 2.x; GPU kernels may differ by small terms.
+    ``recompute="selective"`` drops the attention term (q, k, v stay: the qkv output is kept
+    anyway); ``"full"`` keeps only each block's input, R·bsh per layer. Plus the final LayerNorm,
+    the logits' fp32 log-softmax (4·bsV), position ids and 8 bytes of loss scalars. Exact for
+    the CPU kernels of torch 2.x; GPU kernels may differ by small terms.
     """
     config = get_config(config)
-    validate(precision)
-    b, s, h, a, v = batch_size, seq_len, config.d_model, config.n_head, config.vocab_size
-    resid, act = _WEIGHT_BYTES[precision], {"fp32": 4, "amp": 2, "bf16": 2}[precision]
-    stat = 2 if precision == "bf16" else 4
-    attn = act * b * a * s * s + s * s if config.attention == "explicit" else 4 * b * a * s
-    amp_copies = 2 * 12 * h * h if precision == "amp" else 0
-    layer = (2 * resid + 14 * act) * b * s * h + 4 * b * s * stat + attn + amp_copies
+    validate(precision, recompute=recompute)
+    precision = _COMPUTE[precision]
+    b, s, h, v = batch_size, seq_len, config.d_model, config.vocab_size
+    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], 2 if precision == "bf16" else 4
+    layer = resid * b * s * h if recompute == "full" else _layer_bytes(config, b, s, precision, recompute)
     head = (resid + act) * b * s * h + 2 * b * s * stat + (2 * v * h if precision == "amp" else 0)
     return {"blocks": config.n_layer * layer, "final_norm": head, "logits": 4 * b * s * v,
             "positions": 8 * s, "loss": 8}
 
 
+_ACT_BYTES = {"fp32": 4, "amp": 2, "bf16": 2}
+
+
+def _layer_bytes(config: GPTConfig, b: int, s: int, precision: str, recompute: str = "none") -> int:
+    """What one block saves without recomputation (selective: without the attention core)."""
+    h, a = config.d_model, config.n_head
+    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], 2 if precision == "bf16" else 4
+    attn = act * b * a * s * s + s * s if config.attention == "explicit" else 4 * b * a * s
+    amp_copies = 2 * 12 * h * h if precision == "amp" else 0
+    return ((2 * resid + 14 * act) * b * s * h + 4 * b * s * stat
+            + (0 if recompute == "selective" else attn) + amp_copies)
+
+
 def activation_bytes(config: GPTConfig | str, batch_size: int, seq_len: int,
-                     precision: str = "fp32") -> int:
+                     precision: str = "fp32", recompute: str = "none") -> int:
     """Total of :func:`activation_terms`: activations alive at the end of the forward pass."""
-    return sum(activation_terms(config, batch_size, seq_len, precision).values())
+    return sum(activation_terms(config, batch_size, seq_len, precision, recompute).values())
 
 
 def korthikanti_bytes(config: GPTConfig | str, batch_size: int, seq_len: int) -> int:
@@ -146,35 +195,63 @@ def batch_bytes(batch_size: int, seq_len: int) -> int:
 
 
 def predict_step(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
-                 optimizer: str = "adam") -> dict[str, int]:
+                 optimizer: str = "adam", recompute: str = "none") -> dict[str, int]:
     """Every category of a :class:`~course_lib.memory.report.MemoryReport`, predicted.
 
-    ``temporaries`` is the logits' gradients (2·4·bsV) when the peak is at the start of
-    backward, else 0 (the peak is then at the end of backward or inside the optimizer step).
+    ``temporaries`` is what the peak moment of :func:`peak_bytes` holds in backward
+    temporaries: the logits' gradients (2·4·bsV) at the start of backward, the gradients inside
+    the first block under full recomputation, nothing at the end of backward.
     """
     c = get_config(config)
     out = model_state_bytes_for(c, precision, optimizer)
-    logits_grads = 2 * 4 * batch_size * seq_len * c.vocab_size
-    peak = peak_bytes(c, batch_size, seq_len, precision, optimizer)
-    at_start_bw = peak > out["params"] + out["grads"] + out["optimizer"] + batch_bytes(batch_size, seq_len)
-    out.update(activations=activation_bytes(c, batch_size, seq_len, precision),
-               temporaries=logits_grads if at_start_bw else 0,
-               inputs=batch_bytes(batch_size, seq_len), peak=peak)
+    total, temporaries = max(_moments(c, batch_size, seq_len, precision, optimizer, recompute).values())
+    out.update(activations=activation_bytes(c, batch_size, seq_len, precision, recompute),
+               temporaries=temporaries, inputs=batch_bytes(batch_size, seq_len), peak=total)
     return out
 
 
 def peak_bytes(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
-               optimizer: str = "adam") -> int:
-    """Predicted peak of a steady-state step: the larger of two moments it passes through.
+               optimizer: str = "adam", recompute: str = "none") -> int:
+    """Predicted peak of a steady-state step: the largest of the moments it passes through.
 
     *Start of backward*: params + optimizer states + all activations + the fp32 gradients of the
-    log-softmax and logits (2·4·bsV); grads were freed by ``zero_grad``. *End of backward*:
-    params + grads + optimizer states. The true peak lies between these moments and can be a
-    little higher (gradients of activations held inside backward), so this is a lower bound.
+    log-softmax and logits (2·4·bsV); grads were freed by ``zero_grad`` (except the fp32
+    accumulators of ``"mixed-fp32-grads"``). *End of backward*: params + grads + optimizer
+    states. Mixed precision also *the optimizer step*: the largest tensor's fp32 gradient copy
+    (not with fp32 grads) and two fp32 temporaries of torch's Adam. With ``recompute="full"`` also *the first block's backward*: every block's input
+    (kept), block 1 recomputed (less its GELU output, already used), the grads of everything
+    above it, and the gradients flowing through its MLP, (R + 8·A)·bsh. The true peak can be a
+    little higher (gradients held inside backward), so this is close to a lower bound.
     """
     c = get_config(config)
+    return max(_moments(c, batch_size, seq_len, precision, optimizer, recompute).values())[0]
+
+
+def _moments(c: GPTConfig, b: int, s: int, precision: str, optimizer: str,
+             recompute: str) -> dict[str, tuple[int, int]]:
+    """Moment name -> (total bytes alive, of which backward temporaries)."""
+    validate(precision, optimizer, recompute)
     states = model_state_bytes_for(c, precision, optimizer)
-    fixed = states["params"] + states["optimizer"] + batch_bytes(batch_size, seq_len)
-    start_bw = fixed + activation_bytes(c, batch_size, seq_len, precision) \
-        + 2 * 4 * batch_size * seq_len * c.vocab_size
-    return max(start_bw, fixed + states["grads"])
+    n = param_count(c)
+    kept = 4 * n if precision == "mixed-fp32-grads" else 0  # fp32 grads outlive zero_grad
+    fixed = states["params"] + states["optimizer"] + kept + batch_bytes(b, s)
+    logits_grads = 2 * 4 * b * s * c.vocab_size
+    out = {"start of backward": (fixed + activation_bytes(c, b, s, precision, recompute)
+                                 + logits_grads, logits_grads),
+           "end of backward": (fixed - kept + states["grads"], 0)}
+    if precision in MIXED:  # the step upcasts one gradient at a time; Adam's math adds two temporaries
+        h, v = c.d_model, c.vocab_size
+        largest = 4 * max(v * h, 4 * h * h, c.seq_len * h)
+        temps = (3 if precision == "mixed" else 2) * largest
+        out["optimizer step"] = (fixed - kept + states["grads"] + temps, 0)
+    if recompute == "full":
+        p, h, bias, bsh = _COMPUTE[precision], c.d_model, int(c.bias), b * s * c.d_model
+        resid, act, g = _WEIGHT_BYTES[p], _ACT_BYTES[p], (states["grads"] - kept) // n
+        not_yet = (12 * h * h + 2 * h + 11 * bias * h) - (4 * h * h + bias * h) \
+            + c.seq_len * h + (0 if c.tie_weights else c.vocab_size * h)  # block 1 but mlp.proj; embeddings
+        recomputed = _layer_bytes(c, b, s, p) - resid * bsh - 4 * act * bsh
+        temps = (resid + 8 * act) * bsh
+        inputs_kept = c.n_layer * resid * bsh + 8 * s + 8
+        out["first block's backward"] = (fixed + inputs_kept + recomputed + states["grads"] - kept
+                                         - g * not_yet + temps, temps)
+    return out

@@ -25,7 +25,7 @@ CATEGORY_KEYS: dict[str, str] = {
 #: Keys every report has, in display order (plots stack them in this order).
 STATE_KEYS = ("params", "buffers", "grads", "optimizer")
 FLOW_KEYS = ("activations", "temporaries", "inputs")
-_SHOWN_INFO = ("mode", "precision", "optimizer", "batch", "fake", "device")
+_SHOWN_INFO = ("mode", "precision", "optimizer", "recompute", "batch", "fake", "device")
 
 
 def categorize(snapshot: Mapping[Any, Mapping[str, int]]) -> dict[str, int]:
@@ -94,7 +94,8 @@ class MemoryReport(Mapping):
                 ratio = f"{nbytes / want:>8.3f}" if want else f"{'-' if nbytes == 0 else 'n/a':>8}"
                 line += f"{want:>16,}{ratio}"
             lines.append(line)
-        setup = ", ".join(f"{k}={v}" for k, v in self.info.items() if k in _SHOWN_INFO)
+        setup = ", ".join(f"{k}={v}" for k, v in self.info.items()
+                          if k in _SHOWN_INFO and (k, v) != ("recompute", "none"))
         return f"MemoryReport({self.n_params:,} params; {setup})\n" + "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -19,7 +19,7 @@ from course_lib.memory.report import MemoryReport
 from course_lib.memory.tracker import measure_step
 
 __all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_scaling",
-           "memory_explorer", "show_memory_explorer", "memory_widget"]
+           "plot_recompute", "memory_explorer", "show_memory_explorer", "memory_widget"]
 
 _STACK = tuple(COLORS)
 
@@ -113,6 +113,34 @@ def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Se
 
 
 _INTERACTIVE = ("tiny", "small", "medium")
+
+
+def plot_recompute(config, rows: Sequence[Mapping], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+                   seq_len: int = 64, precision: str = "fp32") -> Figure:
+    """Recompute instead of store. Left: peak bytes over the batch size per mode (lines:
+    :func:`~course_lib.memory.predict.peak_bytes`; dots: measured ``rows`` of
+    :func:`course_lib.memory.recompute.tradeoff`). Right: measured seconds of forward + backward."""
+    modes = list(dict.fromkeys(r["recompute"] for r in rows))
+    colors = dict(zip(("none", "selective", "full"), (COLORS["activations"], COLORS["optimizer"],
+                                                        COLORS["params"])))
+    peaks = {m: [predict.peak_bytes(config, b, seq_len, precision, "adam", m) for b in batch_sizes]
+             for m in modes}
+    unit, scale = _unit(max(max(v) for v in peaks.values()))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), dpi=DPI)
+    for m in modes:
+        left.plot(batch_sizes, [p / scale for p in peaks[m]], color=colors[m], label=f"{m} (predicted)")
+        mine = [r for r in rows if r["recompute"] == m and r["seq_len"] == seq_len]
+        left.scatter([r["batch"] for r in mine], [r["peak"] / scale for r in mine], color=colors[m],
+                     zorder=3)
+    left.set_xlabel(f"batch size (seq_len {seq_len})")
+    left.set_ylabel(f"peak ({unit}); dots measured")
+    left.legend(fontsize=8)
+    labels = [f"{m}\nb={r['batch']}" for r in rows for m in [r["recompute"]]]
+    right.bar(labels, [r["step_s"] * 1e3 for r in rows], color=[colors[r["recompute"]] for r in rows])
+    right.set_ylabel("forward + backward (ms, this machine)")
+    right.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def memory_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,

@@ -22,12 +22,13 @@ import psutil
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from course_lib.common.checks import is_int
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
+from course_lib.memory.mixed import MixedPrecisionAdam
 from course_lib.memory.report import MemoryReport, STATE_KEYS, categorize, format_bytes
 
 __all__ = ["measure_step", "measure_inference", "tracked_steps", "make_optimizer", "default_loss",
@@ -35,7 +36,8 @@ __all__ = ["measure_step", "measure_inference", "tracked_steps", "make_optimizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_DTYPE = {"fp32": torch.float32, "amp": torch.float32, "bf16": torch.bfloat16}
+_DTYPE = {"fp32": torch.float32, "amp": torch.float32, "bf16": torch.bfloat16,
+          "mixed": torch.bfloat16, "mixed-fp32-grads": torch.bfloat16}
 
 
 class _NoHook:
@@ -63,6 +65,11 @@ class GlobalMemTracker(MemTracker):
             if not p.requires_grad:
                 self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def track_grads(self, tensors: list[torch.Tensor]) -> None:
+        """Count tensors kept outside ``p.grad`` (e.g. fp32 gradient accumulators) as gradients."""
+        for t in tensors:
+            self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
 
     def _update_peak_stats(self, peak_state: object) -> None:
         for dev, dev_snap in self._curr_mem_snap.items():
@@ -92,6 +99,7 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
     if tracker is None:
         tracker = GlobalMemTracker()
         tracker.track_external(model, optimizer, inputs, targets)
+        tracker.track_grads(getattr(optimizer, "grad_buffers", []))
     on_cuda = device.type == "cuda" and not isinstance(inputs, FakeTensor)
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -125,18 +133,26 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
 
 def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, int], *,
                  loss_fn: LossFn | None = None, optimizer: str = "adam", precision: str = "fp32",
-                 fake: bool = False, iterations: int = 2, seed: int = 0) -> MemoryReport:
+                 fake: bool = False, iterations: int = 2, seed: int = 0,
+                 recompute: str = "none") -> MemoryReport:
     """Measure one steady-state training step, per memory category.
 
     ``model`` is a module with its ``batch = (inputs, targets)``, or a :class:`GPTConfig` /
     preset name with ``batch = (batch_size, seq_len)``: the GPT (seeded with ``seed``) and random
     tokens are then built here, after checking they fit. ``precision``: ``"fp32"``; ``"amp"``
     (autocast to bf16, fp32 weights); ``"bf16"`` (weights, grads and optimizer states in bf16 — a
-    given module must already be bf16). ``fake=True`` (config only) runs on fake tensors and
+    given module must already be bf16); ``"mixed"`` (bf16 weights and grads, fp32 master weights
+    and moments in :class:`~course_lib.memory.mixed.MixedPrecisionAdam`: 16 B/param) and
+    ``"mixed-fp32-grads"`` (plus fp32 gradient accumulators: 20 B/param), Adam/AdamW only. ``fake=True`` (config only) runs on fake tensors and
     allocates nothing. Raises ``ValueError`` for bad choices and ``MemoryError`` when a real run
-    would not fit in free RAM — both before allocating.
+    would not fit in free RAM — both before allocating. ``recompute`` (a GPT only): ``"none"``,
+    ``"selective"`` (checkpoint the attention core) or ``"full"`` (checkpoint every block), see
+    :meth:`GPT.set_recompute`.
     """
-    predict.validate(precision, optimizer)
+    predict.validate(precision, optimizer, recompute)
+    if recompute != "none" and not isinstance(model, (GPT, GPTConfig, str)):
+        raise ValueError(f"recompute={recompute!r} needs the course's GPT (or a config), "
+                         f"got {type(model).__name__}")
     if iterations < 2:
         raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
     if isinstance(model, (GPTConfig, str)):
@@ -147,7 +163,8 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
                         + _flow_bytes(config, shape, precision))
         with FakeTensorMode() if fake else nullcontext():
             model, batch = _build(config, shape, precision, seed)
-            opt = make_optimizer(model.parameters(), optimizer, foreach=False if fake else None)
+            model.set_recompute(recompute)
+            opt = _optimizer(model, optimizer, precision, fake)
             report = tracked_steps(model, opt, batch, loss_fn=loss_fn or GPT.loss,
                                    iterations=iterations, autocast_dtype=_autocast(precision))
     elif fake:
@@ -160,10 +177,17 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
         if isinstance(model, GPT):
             extra += _flow_bytes(model.config, tuple(batch[0].shape), precision)
         _check_fits(extra)
-        opt = make_optimizer(model.parameters(), optimizer)
-        report = tracked_steps(model, opt, batch, loss_fn=loss_fn, iterations=iterations,
-                               autocast_dtype=_autocast(precision))
-    report.info.update(precision=precision, optimizer=optimizer, fake=fake,
+        opt = _optimizer(model, optimizer, precision, False)
+        before = getattr(model, "recompute", "none")
+        if isinstance(model, GPT):
+            model.set_recompute(recompute)
+        try:
+            report = tracked_steps(model, opt, batch, loss_fn=loss_fn, iterations=iterations,
+                                   autocast_dtype=_autocast(precision))
+        finally:
+            if isinstance(model, GPT):
+                model.set_recompute(before)
+    report.info.update(precision=precision, optimizer=optimizer, fake=fake, recompute=recompute,
                        batch=tuple(batch[0].shape))
     return report
 
@@ -229,6 +253,13 @@ def _build(config: GPTConfig, shape: tuple[int, int], precision: str, seed: int)
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # clone: own storage even if b=1
 
 
+def _optimizer(model: nn.Module, name: str, precision: str, fake: bool) -> torch.optim.Optimizer:
+    if precision in predict.MIXED:  # bf16 weights, fp32 master copies and moments
+        return MixedPrecisionAdam(model.parameters(), decoupled=name == "adamw",
+                                  fp32_grads=precision == "mixed-fp32-grads")
+    return make_optimizer(model.parameters(), name, foreach=False if fake else None)
+
+
 def _autocast(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "amp" else None
 
@@ -250,7 +281,7 @@ def _check_module(model: nn.Module, batch: object, precision: str) -> None:
     want = _DTYPE[precision]
     wrong = {p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != want}
     if wrong:
-        hint = "call model.to(torch.bfloat16) first" if precision == "bf16" else "use an fp32 model"
+        hint = "call model.to(torch.bfloat16) first" if want == torch.bfloat16 else "use an fp32 model"
         raise ValueError(f"precision={precision!r} needs {want} parameters but the model has "
                          f"{sorted(map(str, wrong))}: {hint}")
 

@@ -52,7 +52,7 @@ class fake_process_group:  # noqa: N801 - used like a function: ``with fake_proc
 def measure_fake(config: GPTConfig | str, batch: tuple[int, int], *, nprocs: int,
                  strategy: str = "ddp", optimizer: str = "adam", precision: str = "fp32",
                  iterations: int = 2, seed: int = 0,
-                 ranks: Sequence[int] | None = None) -> list[MemoryReport]:
+                 ranks: Sequence[int] | None = None, recompute: str = "none") -> list[MemoryReport]:
     """One fake run per rank in ``ranks`` (default: every rank); reports in that order.
 
     Only a config (or preset name) with ``batch = (batch_size, seq_len)``: a built module would
@@ -73,5 +73,5 @@ def measure_fake(config: GPTConfig | str, batch: tuple[int, int], *, nprocs: int
             with FakeTensorMode():
                 reports.append(measure_rank(config, batch, strategy=strategy, optimizer=optimizer,
                                             precision=precision, iterations=iterations, seed=seed,
-                                            mesh=mesh, fake=True))
+                                            mesh=mesh, fake=True, recompute=recompute))
     return reports

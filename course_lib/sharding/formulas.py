@@ -122,7 +122,7 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
                 rest = _numel(shape[1:]) if shape else 1
                 padded += chunk * rest
                 real += rows[rank] * rest
-            full = (2 if precision == "amp" else 4) * padded * world
+            full = (2 if precision in ("amp", "mixed") else 4) * padded * world
             row = {"params": 4 * padded, "grads": 4 * padded,
                    "optimizer": 4 * states * real + counter * len(shapes),
                    "unsharded_params": full if strategy == "zero2" else 0}
@@ -151,7 +151,7 @@ def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,
         return {}
     padded = sum(fsdp_rows(s[0] if s else 1, world)[0] * _numel(s[1:]) for s in shapes) * world
     gathers = 2 if strategy == "fsdp" else 1
-    return {"all_gather": gathers * (2 if precision == "amp" else 4) * padded,
+    return {"all_gather": gathers * (2 if precision in ("amp", "mixed") else 4) * padded,
             "reduce_scatter": 4 * padded}
 
 

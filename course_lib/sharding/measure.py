@@ -67,21 +67,25 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
                         strategy: str = "ddp", nprocs: int = 2, optimizer: str = "adam",
                         precision: str = "fp32", fake: bool = False, iterations: int = 2,
                         seed: int = 0, timeout: float = 300.0,
-                        ranks: Sequence[int] | None = None) -> list[MemoryReport]:
+                        ranks: Sequence[int] | None = None,
+                        recompute: str = "none") -> list[MemoryReport]:
     """Measure a steady-state training step on ``nprocs`` ranks; one report per rank.
 
     ``model_or_config``: a :class:`GPTConfig` / preset name with ``batch = (batch_size,
     seq_len)`` per rank (every rank builds the GPT with the same ``seed`` and draws its own
     tokens), or an fp32 module with a tensor ``batch = (inputs, targets)`` that every rank uses.
-    ``strategy``: ``"ddp"``, ``"zero1"``, ``"zero2"`` or ``"fsdp"``; ``precision``: ``"fp32"`` or
-    ``"amp"``. Real runs go through :func:`course_lib.run`. ``fake=True`` (config only) simulates
+    ``strategy``: ``"ddp"``, ``"zero1"``, ``"zero2"`` or ``"fsdp"``; ``precision``: ``"fp32"``,
+    ``"amp"`` or, for ZeRO-2 / FSDP, ``"mixed"`` (FSDP2's bf16 ``MixedPrecisionPolicy``). Real runs go through :func:`course_lib.run`. ``fake=True`` (config only) simulates
     every rank on fake tensors in this process and allocates nothing: for models that do not fit.
-    ``ranks`` (fake only) picks which ranks to simulate (each costs one fake run).
+    ``ranks`` (fake only) picks which ranks to simulate (each costs one fake run). ``recompute``
+    (a GPT only): ``"selective"`` or ``"full"`` activation recomputation, as chapter 1's
+    :meth:`GPT.set_recompute` — FSDP + checkpointed blocks is the usual pairing.
     Raises ``ValueError``/``TypeError`` for a bad request before any process starts.
     """
-    check_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
+    check_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations,
+                  recompute)
     kwargs = dict(strategy=strategy, optimizer=optimizer, precision=precision,
-                  iterations=iterations, seed=seed)
+                  iterations=iterations, seed=seed, recompute=recompute)
     if fake:
         return measure_fake(model_or_config, batch, nprocs=nprocs, ranks=ranks, **kwargs)
     if ranks is not None:

@@ -24,7 +24,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.common.checks import is_int, positive_int
-from course_lib.common.models import GPT, GPTConfig, get_config
+from course_lib.common.models import GPT, RECOMPUTE, GPTConfig, get_config
 from course_lib.memory.report import MemoryReport
 from course_lib.memory.tracker import GlobalMemTracker, tracked_steps
 from course_lib.sharding.comm_counter import CommCounter
@@ -36,9 +36,13 @@ _MODEL_STATE = ("params", "unsharded_params", "buffers", "grads", "unsharded_gra
 
 
 def check_request(model_or_config: object, batch: object, strategy: str, nprocs: int,
-                  optimizer: str, precision: str, iterations: int = 2) -> None:
+                  optimizer: str, precision: str, iterations: int = 2, recompute: str = "none") -> None:
     """Validate a request with clear messages, before any process starts."""
     validate_strategy(strategy, precision, optimizer)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"unknown recompute {recompute!r}; choose one of {RECOMPUTE}")
+    if recompute != "none" and not isinstance(model_or_config, (GPT, GPTConfig, str)):
+        raise ValueError(f"recompute={recompute!r} needs the course's GPT (or a config)")
     positive_int(nprocs, "nprocs")
     if not is_int(iterations) or iterations < 2:
         raise ValueError("iterations must be an integer >= 2: optimizer states appear in the first step")
@@ -74,7 +78,8 @@ def make_inputs(config: GPTConfig, shape: tuple[int, int], *, seed: int, rank: i
 
 def measure_rank(model_or_config: nn.Module | GPTConfig | str, batch, *, strategy: str = "ddp",
                  optimizer: str = "adam", precision: str = "fp32", iterations: int = 2,
-                 seed: int = 0, timed_steps: int = 2, mesh=None, fake: bool = False) -> MemoryReport:
+                 seed: int = 0, timed_steps: int = 2, mesh=None, fake: bool = False,
+                 recompute: str = "none") -> MemoryReport:
     """What each rank of :func:`measure_distributed` runs (call it inside a rank).
 
     Builds the GPT from the config with ``seed`` (the same on every rank) or moves the given
@@ -95,6 +100,8 @@ def measure_rank(model_or_config: nn.Module | GPTConfig | str, batch, *, strateg
         with torch.device(device):
             model = GPT(config)
         batch = make_inputs(config, batch, seed=seed, rank=rank, device=device)
+    if isinstance(model, GPT):  # before wrapping: FSDP2 then sees each checkpointed block's forward
+        model.set_recompute(recompute)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
         warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
@@ -112,7 +119,7 @@ def measure_rank(model_or_config: nn.Module | GPTConfig | str, batch, *, strateg
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
     report.info.update(strategy=strategy, world_size=world, rank=rank, precision=precision,
-                       optimizer=optimizer, fake=fake, batch=tuple(batch[0].shape),
+                       optimizer=optimizer, fake=fake, batch=tuple(batch[0].shape), recompute=recompute,
                        comm=per_step,
                        step_time_s=statistics.median(times) if times else None)
     return report

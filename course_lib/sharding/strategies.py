@@ -20,6 +20,9 @@ component, on gloo (CPU) or NCCL (GPUs):
 ``precision="amp"`` means bf16 compute with fp32 master weights: ``torch.autocast`` for DDP and
 ZeRO-1, ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` for FSDP2 (which
 gathers bf16 parameters and reduces gradients in fp32; sharded params and grads stay fp32).
+``precision="mixed"`` (ZeRO-2 and FSDP only) names the same FSDP2 policy from chapter 1's side:
+the fp32 shard *is* the master copy, bf16 weights and grads exist only while gathered, so the
+16 B/param at rest are 4 (param shard) + 4 (grad shard) + 8 (moments), all divided by N.
 
 Traps avoided: FSDP1's ``SHARD_GRAD_OP`` with
 ``use_orig_params=True`` gives silently wrong results on this torch version — ZeRO-2 is built from
@@ -44,12 +47,14 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import (OPTIMIZER_CLASSES, default_loss, make_optimizer,
                                         validate_optimizer)
 
-__all__ = ["STRATEGIES", "DIST_PRECISIONS", "Wrapped", "validate_strategy", "shard_units", "wrap",
+__all__ = ["STRATEGIES", "DIST_PRECISIONS", "FSDP_ONLY", "Wrapped", "validate_strategy", "shard_units", "wrap",
            "train_step", "train_rank", "full_params", "AllReduceHooks"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 #: fp32, or "amp" (bf16 compute, fp32 master weights and gradient reduction).
 DIST_PRECISIONS = ("fp32", "amp")
+#: Strategies built on FSDP2, which also take precision="mixed" (bf16 params gathered, fp32 shards).
+FSDP_ONLY = ("zero2", "fsdp")
 
 
 @dataclass
@@ -68,7 +73,10 @@ def validate_strategy(strategy: str, precision: str = "fp32", optimizer: str = "
     """Raise a clear ``ValueError`` for an unknown strategy, precision or optimizer."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
-    if precision not in DIST_PRECISIONS:
+    if precision == "mixed" and strategy not in FSDP_ONLY:
+        raise ValueError(f"precision='mixed' is offered for {FSDP_ONLY} (FSDP2's MixedPrecisionPolicy); "
+                         f"for {strategy!r} use 'amp', or measure_step(precision='mixed') in one process")
+    if precision not in DIST_PRECISIONS + ("mixed",):
         raise ValueError(f"precision {precision!r} is not supported for distributed runs; "
                          f"choose one of {DIST_PRECISIONS}")
     validate_optimizer(optimizer)
@@ -165,7 +173,7 @@ def wrap(model: nn.Module, strategy: str = "ddp", *, optimizer: str = "adam",
         device = next(model.parameters()).device
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if precision == "amp" else MixedPrecisionPolicy())
+              if precision in ("amp", "mixed") else MixedPrecisionPolicy())
     reshard = strategy == "fsdp"
     for unit in shard_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
