@@ -19,7 +19,7 @@ from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
 from course_lib.tensor_parallel.layers import dtensor_block, qkv_rows
 
-__all__ = ["MESH_ORDER", "build_2d", "train_2d", "local_bytes", "dense_params"]
+__all__ = ["MESH_ORDER", "build_2d", "train_2d", "local_bytes", "state_bytes", "dense_params"]
 
 #: the order of named dimensions in a mesh, outermost first (torchtitan's order)
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
@@ -58,6 +58,15 @@ def local_bytes(tensors) -> int:
     return total
 
 
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's model-state bytes as stored: params, grads, optimizer state and their sum."""
+    params = list(model.parameters())
+    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
+                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
+    measured["model_states"] = sum(measured.values())
+    return measured
+
+
 def dense_params(model: torch.nn.Module, config: GPTConfig, tp: int,
                  grads: bool = False) -> dict[str, torch.Tensor]:
     """Every parameter (``grads``: its gradient) gathered in full — a collective — with the qkv
@@ -88,10 +97,7 @@ def train_2d(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    params = list(model.parameters())
-    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
-    measured["model_states"] = sum(measured.values())
+    measured = state_bytes(model, optimizer)
     return {"rank": dist.get_rank(), "losses": losses, "bytes": measured,
             "params": dense_params(model, config, layout.get("tp", 1)),
             "grads": dense_params(model, config, layout.get("tp", 1), grads=True)}

@@ -18,7 +18,7 @@ from torch import nn
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.composition.compose import local_bytes, train_2d
+from course_lib.composition.compose import local_bytes, state_bytes, train_2d
 from course_lib.composition.context import _qkv, cp_attention_rank, cp_predicted_bytes
 from course_lib.composition.layouts import (MOE, check_layout, predict_gpt_bytes,
                                            predict_moe_bytes, predict_pp_bytes)
@@ -73,10 +73,7 @@ def train_ep(ep: int, steps: int, tokens: int, seed: int = 0) -> dict:
             p.grad /= ep
         optimizer.step()
         losses.append(loss.item())
-    params = list(moe.parameters())
-    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
-    measured["model_states"] = sum(measured.values())
+    measured = state_bytes(moe, optimizer)
     return {"rank": rank, "losses": losses, "bytes": measured, "log": log,
             "params": {n: p.detach().clone() for n, p in moe.named_parameters()},
             "grads": {n: p.grad.clone() for n, p in moe.named_parameters()}}

@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
-from course_lib.composition.compose import local_bytes
+from course_lib.composition.compose import local_bytes, state_bytes
 
 __all__ = ["train_pp"]
 
@@ -81,10 +81,7 @@ def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
             dist.send(loss.detach(), peer)
         optimizer.step()
         losses.append(loss.item())
-    params = list(model.parameters())
-    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
-    measured["model_states"] = sum(measured.values())
+    measured = state_bytes(model, optimizer)
     full = {}
     for name, p in model.named_parameters():
         name = name.removeprefix("gpt.")
