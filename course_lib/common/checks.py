@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-__all__ = ["is_int", "positive_int", "non_negative_int"]
+__all__ = ["is_int", "positive_int", "non_negative_int", "batch_shape"]
 
 
 def is_int(value: object) -> bool:
@@ -24,3 +24,12 @@ def non_negative_int(value: object, name: str) -> int:
     if not is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     return value
+
+
+def batch_shape(batch: object, max_seq_len: int, what: str = "positive ints") -> tuple[int, int]:
+    """``(batch_size, seq_len)`` of positive ints with ``seq_len <= max_seq_len``, else ValueError."""
+    if not (isinstance(batch, tuple) and len(batch) == 2 and all(is_int(n) and n > 0 for n in batch)):
+        raise ValueError(f"with a config, batch must be (batch_size, seq_len) {what}, got {batch!r}")
+    if batch[1] > max_seq_len:
+        raise ValueError(f"seq_len={batch[1]} exceeds the config's seq_len={max_seq_len}")
+    return batch

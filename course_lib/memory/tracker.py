@@ -24,7 +24,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
-from course_lib.common.checks import is_int
+from course_lib.common.checks import batch_shape
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
@@ -235,13 +235,7 @@ def _forward_only(model: nn.Module, inputs: torch.Tensor, precision: str, fake: 
 
 
 def _shape(batch: object, config: GPTConfig) -> tuple[int, int]:
-    ok = (isinstance(batch, tuple) and len(batch) == 2
-          and all(is_int(n) and n > 0 for n in batch))
-    if not ok:
-        raise ValueError(f"with a config, batch must be (batch_size, seq_len) positive ints, got {batch!r}")
-    if batch[1] > config.seq_len:
-        raise ValueError(f"seq_len={batch[1]} exceeds the config's seq_len={config.seq_len}")
-    return batch
+    return batch_shape(batch, config.seq_len)
 
 
 def _build(config: GPTConfig, shape: tuple[int, int], precision: str, seed: int) -> tuple[GPT, Batch]:

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.nn.parallel import DistributedDataParallel
 
-from course_lib.common.checks import is_int, positive_int
+from course_lib.common.checks import batch_shape, is_int, positive_int
 from course_lib.common.models import GPT, RECOMPUTE, GPTConfig, get_config
 from course_lib.memory.report import MemoryReport
 from course_lib.memory.tracker import GlobalMemTracker, tracked_steps
@@ -48,12 +48,7 @@ def check_request(model_or_config: object, batch: object, strategy: str, nprocs:
         raise ValueError("iterations must be an integer >= 2: optimizer states appear in the first step")
     if isinstance(model_or_config, (GPTConfig, str)):
         config = get_config(model_or_config)
-        ok = (isinstance(batch, tuple) and len(batch) == 2
-              and all(is_int(n) and n > 0 for n in batch))
-        if not ok:
-            raise ValueError(f"with a config, batch must be (batch_size, seq_len) per rank, got {batch!r}")
-        if batch[1] > config.seq_len:
-            raise ValueError(f"seq_len={batch[1]} exceeds the config's seq_len={config.seq_len}")
+        batch_shape(batch, config.seq_len, "per rank")
     elif isinstance(model_or_config, nn.Module):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2
                 and all(isinstance(t, torch.Tensor) for t in batch)):
