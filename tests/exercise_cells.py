@@ -7,7 +7,9 @@ or else its inline code spans of the form ``answer = ...``.
 
 The variants are the check cell with the stub replaced (solution, a wrong answer) or kept (stub),
 and every ``check_*(...)`` call wrapped in ``__record(...)`` so the caller can collect the
-Feedback objects. ``tests/nbval_exercises.py`` runs them in the notebook's own kernel, right after
+Feedback objects. A code exercise also names *plausible* mistakes in the check cell's metadata,
+``"exercise_wrong": {"sum instead of mean": "def average_gradients(model): ..."}`` (metadata, so
+the learner does not see them): each becomes a variant ``wrong: <label>`` that must fail too. ``tests/nbval_exercises.py`` runs them in the notebook's own kernel, right after
 nbval executed the cell, so nothing is computed twice.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Exercise:
     code_cell: int   # index among code cells (nbval's "Cell N")
     source: str
     solution: str
+    wrongs: tuple[tuple[str, str], ...] = ()  # (label, code) from the cell's "exercise_wrong"
 
 
 def _source(cell: dict) -> str:
@@ -53,7 +56,8 @@ def find_exercises(cells: list[dict]) -> list[Exercise]:
         after = _source(cells[i + 1]) if i + 1 < len(cells) else ""
         if cells[i + 1]["cell_type"] != "markdown" or "<summary>Solution" not in after:
             raise ValueError(f"cell {i} calls a check but no Solution block follows it")
-        found.append(Exercise(i, code_index, source, solution_code(after)))
+        wrongs = tuple(cell.get("metadata", {}).get("exercise_wrong", {}).items())
+        found.append(Exercise(i, code_index, source, solution_code(after), wrongs))
     return found
 
 
@@ -119,9 +123,12 @@ def variants(exercise: Exercise) -> dict[str, str]:
         raise ValueError(f"cell {exercise.cell}: the Solution block holds no code")
     wrong = exercise.solution + "".join(f"\n{name} = __wrong({name})" for name in values)
     wrong += "".join(f"\ndef {name}(*args, **kwargs):\n    return None" for name in functions)
-    return {"solution": with_answer(exercise.source, exercise.solution),
-            "stub": with_answer(exercise.source, None),
-            "wrong": with_answer(exercise.source, wrong)}
+    built = {"stub": with_answer(exercise.source, None),
+             "solution": with_answer(exercise.source, exercise.solution),
+             "wrong": with_answer(exercise.source, wrong)}
+    for label, code in exercise.wrongs:
+        built[f"wrong: {label}"] = with_answer(exercise.source, code)
+    return built
 
 
 def choices(source: str) -> list[str]:

@@ -11,7 +11,9 @@ namespace (later cells see nothing of it) it executes the cell three times, with
 * ``stub``: the cell as the learner gets it: a check fails;
 * ``wrong``: the solution's answer perturbed (a number x1.5+1; for a multiple choice another
   option, from the cell or from the stub's "pick one of [...]"), or a function that does
-  nothing: a check fails, and its message does not contain the solution's number (no leak).
+  nothing: a check fails, and its message does not contain the solution's number (no leak);
+* ``wrong: <label>``: each plausible mistake named in the cell's ``exercise_wrong`` metadata
+  (sum instead of mean, a missing all-gather, ...): a check fails, without a leak.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _verify(codes: dict, candidates: list, names: list) -> str:  # runs inside t
         raise TypeError(f"no wrong answer for a {type(value).__name__}")
 
     report = {}
-    for kind in ("stub", "solution", "wrong"):  # the stub's "pick one of [...]" lists the options
+    for kind in codes:  # stub first: the stub's "pick one of [...]" lists the options
         code = codes[kind]
         seen = []
         ns = dict(get_ipython().user_ns)
@@ -119,7 +121,7 @@ def check_report(report: dict) -> None:
     assert solution["error"] is None, f"the solution raised {solution['error']}"
     assert solution["passed"] and all(solution["passed"]), \
         f"the solution does not pass: {solution['messages']}"
-    for kind in ("stub", "wrong"):
+    for kind in [k for k in report if k != "solution"]:
         got = report[kind]
         assert got["error"] is None, f"the {kind} raised {got['error']} (a check must not raise)"
         assert got["passed"] and not all(got["passed"]), f"the {kind} passes: {got['messages']}"

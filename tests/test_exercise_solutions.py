@@ -102,3 +102,34 @@ check_true(lambda: (double(n) == 2 * n, "doubles"), name="double")
     check_report(report)
     assert "NotImplementedError" in report["stub"]["messages"][0]
     assert report["wrong"]["passed"] == [False]
+
+
+FN_CELL = '''from course_lib import check_true
+def mean_of(xs):
+    raise NotImplementedError("your code")
+print(check_true(lambda: (mean_of([2.0, 4.0, 9.0]) == 5.0, "compared with 5.0"), name="mean"))
+'''
+
+
+def test_a_plausible_wrong_answer_from_the_cell_metadata_is_run_and_must_fail():
+    cells = [{"cell_type": "code", "source": FN_CELL, "outputs": [],
+              "metadata": {"exercise_wrong": {"sum instead of mean": "def mean_of(xs):\n"
+                                              "    return sum(xs)"}}},
+             {"cell_type": "markdown", "metadata": {},
+              "source": "<details><summary>Solution</summary>\n\n```python\ndef mean_of(xs):\n"
+                        "    return sum(xs) / len(xs)\n```\n</details>"}]
+    exercise, = find_exercises(cells)
+    assert [kind for kind in variants(exercise)] == \
+        ["stub", "solution", "wrong", "wrong: sum instead of mean"]
+    fake = SimpleNamespace(user_ns={})
+    original = IPython.get_ipython
+    IPython.get_ipython = lambda: fake
+    try:
+        report = json.loads(_verify(variants(exercise), [], []))
+    finally:
+        IPython.get_ipython = original
+    assert report["wrong: sum instead of mean"]["passed"] == [False]
+    check_report(report)
+    report["wrong: sum instead of mean"]["passed"] = [True]  # a mistake the check misses
+    with pytest.raises(AssertionError, match="the wrong: sum instead of mean passes"):
+        check_report(report)
