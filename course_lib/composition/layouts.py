@@ -20,8 +20,8 @@ __all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "tp_name
 
 #: the layouts run_parallel can run (sorted dimension names), and the most ranks it starts
 RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",), ("cp",),
-            ("dp_shard", "pp")}
-MAX_RANKS = 4
+            ("dp_shard", "pp"), ("dp_shard", "pp", "tp")}
+MAX_RANKS = 8
 KNOWN = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 #: the mixture-of-experts layer of the "ep" runs
 MOE = {"d_model": 32, "n_experts": 4, "hidden": 64, "top_k": 2}
@@ -107,14 +107,15 @@ def predict_gpt_bytes(config: GPTConfig, layout: dict[str, int]) -> dict[str, in
 
 def predict_pp_bytes(config: GPTConfig, layout: dict[str, int], stage: int) -> dict[str, int]:
     """One rank's model-state bytes in pipeline ``stage``: its blocks (and the embeddings on the
-    first stage, ``ln_f`` and ``lm_head`` on the last), FSDP-sharded over ``dp_shard``."""
+    first stage, ``ln_f`` and ``lm_head`` on the last), split over ``tp`` (Megatron's split of
+    the blocks) and FSDP-sharded over ``dp_shard``."""
     pp, per = layout["pp"], config.n_layer // layout["pp"]
 
     def where(name: str) -> int:
         if name.startswith("blocks."):
             return int(name.split(".")[1]) // per
         return 0 if name.startswith(("tok_emb", "pos_emb")) else pp - 1
-    shapes = [s for n, s in tp_named_shapes(config, 1) if where(n) == stage]
+    shapes = [s for n, s in tp_named_shapes(config, layout.get("tp", 1)) if where(n) == stage]
     row = per_rank_bytes(shapes, "fsdp", layout.get("dp_shard", 1))[0]
     return {k: row[k] for k in ("params", "grads", "optimizer", "model_states")}
 

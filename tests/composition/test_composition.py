@@ -6,17 +6,18 @@ import pytest
 
 from course_lib import run_parallel
 from course_lib.common.models import get_config
-from course_lib.composition.layouts import predict_gpt_bytes
+from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes
 from course_lib.composition.mesh import show_meshes
 from course_lib.composition.scale import LLAMA3_405B, at_scale
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 
 
 @pytest.mark.parametrize("layout", [{"dp_shard": 2, "tp": 2}, {"dp_replicate": 2, "dp_shard": 2},
-                                    {"ep": 2}, {"pp": 2, "dp_shard": 2}], ids=str)
+                                    {"ep": 2}, {"pp": 2, "dp_shard": 2},
+                                    {"pp": 2, "dp_shard": 2, "tp": 2}], ids=str)
 def test_layout_equals_single_process_and_bytes_equal_prediction(layout):
     report = run_parallel(layout, steps=2)
-    assert report["world"] == (4 if len(layout) == 2 else 2)
+    assert report["world"] == 2 ** len(layout)
     assert report["max_abs_diff_vs_single"] < report["tolerance"]
     assert report["max_abs_grad_diff_vs_single"] < report["grad_tolerance"]
     for got, want in zip(*report["losses"].values()):
@@ -26,6 +27,9 @@ def test_layout_equals_single_process_and_bytes_equal_prediction(layout):
     if "pp" in layout:  # the two stages hold different parts of the model
         stages = {r["bytes_predicted"]["model_states"] for r in report["ranks"]}
         assert len(stages) == 2
+    if "tp" in layout and "pp" in layout:  # Megatron's split: a stage's blocks shrink with tp
+        flat = predict_pp_bytes(get_config("tiny"), {"pp": 2, "dp_shard": 2}, 1)["params"]
+        assert report["ranks"][-1]["bytes_measured"]["params"] < flat
     if "ep" in layout:  # every routed token reached its expert's owner exactly once
         assert list(report["tokens_per_expert"].values()) == report["tokens_per_expert_single"]
         assert all(b > 0 for b in report["all_to_all_bytes"])
@@ -64,7 +68,8 @@ def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
 
 @pytest.mark.parametrize("layout, message", [
     ({"dp": 2}, "unknown mesh dimension 'dp'"),
-    ({"dp_shard": 2, "tp": 4}, "needs 8 ranks"),
+    ({"dp_shard": 4, "tp": 4}, "needs 16 ranks"),
+    ({"pp": 2, "tp": 2}, "not implemented"),
     ({"tp": 3}, "not implemented"),
     ({"dp_shard": 1, "tp": 4}, "tp=4 must divide the 2 attention heads"),
     ({"ep": 3}, "ep=3 must divide the 4 experts"),

@@ -1,0 +1,135 @@
+"""torch's own pipeline schedules, with the bubble measured: GPipe, 1F1B, interleaved 1F1B, ZB-V.
+
+Chapter 4 writes GPipe and 1F1B by hand; ``torch.distributed.pipelining`` also ships the
+schedules that shrink the bubble further. **Interleaved 1F1B** (Narayanan et al., 2021) gives
+each rank ``v`` smaller stages (rank r holds stages r, r+p, ...): the fill and drain take 1/v as
+long, bubble ``(p-1)/(v·m+p-1)``. **ZB-V** (Qi et al., 2024, "Zero Bubble Pipeline Parallelism")
+splits each backward into the input gradient (B, on the critical path) and the weight gradient
+(W, deferred into the idle slots); with two stages per rank in a V (rank r holds stages r and
+2p-1-r) its bubble is zero when F, B and W take equal time — not the case on a CPU, so the
+measured bubble shows what is left.
+
+The bubble is measured, not derived: each rank times its compute actions (torch's
+``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) on the shared
+monotonic clock; a rank's idle share of the step's span (first action on any rank to the last)
+is its bubble, messages in flight included (small next to ~ms of compute here).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_lib.common.checks import positive_int
+from course_lib.common.models import GPT, GPTConfig, get_config
+from course_lib.launcher.launch import run
+from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
+from course_lib.pipeline_parallel.schedules import Stage
+
+__all__ = ["TORCH_SCHEDULES", "torch_bubble_formula", "stages_of_rank", "measure_torch_schedule"]
+
+#: name -> (torch class name, stages per rank)
+TORCH_SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1),
+                   "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
+                   "zb-v": ("ScheduleZBVZeroBubble", 2)}
+_TIMED = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+def torch_bubble_formula(schedule: str, p: int, m: int) -> float:
+    """Idle fraction when every action costs the same: (p-1)/(v·m+p-1); 0 for ZB-V (F = B = W)."""
+    v = TORCH_SCHEDULES[schedule][1]
+    return 0.0 if schedule == "zb-v" else (p - 1) / (v * m + p - 1)
+
+
+def stages_of_rank(schedule: str, rank: int, p: int) -> list[int]:
+    """The stage indices one rank holds: looped (r, r+p) for interleaved, a V (r, 2p-1-r) for ZB-V."""
+    v = TORCH_SCHEDULES[schedule][1]
+    if schedule == "zb-v":
+        return [rank, 2 * p - 1 - rank]
+    return [rank + k * p for k in range(v)]
+
+
+def _timed(stage, log: list) -> None:
+    """Wrap the stage's compute actions so each call appends (name, start, end) to ``log``."""
+    for name in _TIMED:
+        original = getattr(stage, name)
+
+        def timed(*args, _original=original, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                log.append((_name, start, time.perf_counter()))
+        setattr(stage, name, timed)
+
+
+def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, steps: int,
+                         seed: int) -> dict:
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
+    rank, p = dist.get_rank(), dist.get_world_size()
+    kind, v = TORCH_SCHEDULES[schedule]
+    n_stages = p * v
+    torch.manual_seed(seed)
+    model = GPT(config)
+    mine = stages_of_rank(schedule, rank, p)
+    modules = [Stage(model, s, n_stages) for s in mine]
+    log: list = []
+    stages = [PipelineStage(mod, s, n_stages, torch.device("cpu")) for mod, s in zip(modules, mine)]
+    for st in stages:
+        _timed(st, log)
+    cls = getattr(pipelining, kind)
+    sched = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=GPT.loss)
+    idx, targets = _data(config, batch, seed)
+    spans, losses = [], []
+    for step in range(steps + 1):              # step 0 warms up (first-touch costs), unrecorded
+        for mod in modules:
+            mod.zero_grad(set_to_none=True)
+        log.clear()
+        losses = []
+        dist.barrier()
+        args = (idx,) if 0 in mine else ()
+        kwargs = {"target": targets, "losses": losses} if n_stages - 1 in mine else {}
+        sched.step(*args, **kwargs)
+        if step:
+            spans.append([(a, b) for _, a, b in log])
+    grads = {mod.global_name(n): q.grad.clone() for mod in modules for n, q in mod.named_parameters()}
+    loss = torch.stack(losses).mean().item() if losses else None
+    return {"rank": rank, "stages": mine, "spans": spans, "grads": grads, "loss": loss}
+
+
+def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: int = 4,
+                           config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 4,
+                           steps: int = 5, seed: int = 0, timeout: float = 120.0) -> dict:
+    """Run torch's ``schedule`` on ``p`` ranks (one thread each) and measure its bubble.
+
+    Returns ``bubble`` (the median over ``steps`` recorded steps of the mean idle share of the
+    ranks), ``bubbles`` (every step), ``formula`` (:func:`torch_bubble_formula`), ``loss`` and
+    ``grads`` (every parameter's gradient under its unsplit name, averaged over micro-batches),
+    for a check against :func:`course_lib.pipeline_parallel.measure.dense_reference`.
+    """
+    if schedule not in TORCH_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(TORCH_SCHEDULES)}")
+    config = get_config(config)
+    for value, name in ((p, "p"), (m, "m"), (micro_batch, "micro_batch"), (steps, "steps")):
+        positive_int(value, name)
+    n_stages = p * TORCH_SCHEDULES[schedule][1]
+    if p < 2 or config.n_layer % n_stages:
+        raise ValueError(f"{schedule} on p={p} ranks needs {n_stages} stages: p must be >= 2 and "
+                         f"{n_stages} must divide the {config.n_layer} layers")
+    if m < p:
+        raise ValueError(f"m={m} micro-batches: torch's schedules need at least p={p}")
+    results = run(_torch_schedule_rank, p, config, schedule, m, m * micro_batch, steps, seed,
+                  timeout=timeout, threads=1)
+    bubbles = []
+    for k in range(steps):
+        events = [r["spans"][k] for r in results]
+        start = min(a for ev in events for a, _ in ev)
+        span = max(b for ev in events for _, b in ev) - start
+        bubbles.append(sum(1 - sum(b - a for a, b in ev) / span for ev in events) / p)
+    grads = {n: g for r in results for n, g in r["grads"].items()}
+    loss = next(r["loss"] for r in results if r["loss"] is not None)
+    return {"schedule": schedule, "p": p, "m": m, "bubble": sorted(bubbles)[len(bubbles) // 2],
+            "bubbles": bubbles, "formula": torch_bubble_formula(schedule, p, m),
+            "loss": loss, "grads": grads}

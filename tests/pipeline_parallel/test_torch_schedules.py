@@ -1,0 +1,47 @@
+"""torch's interleaved 1F1B and ZB-V schedules: same gradients as the unsplit model, a measured
+bubble, the stage placement of each schedule, and bad requests refused before any process."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.common.models import GPTConfig
+from course_lib.pipeline_parallel.measure import dense_reference
+from course_lib.pipeline_parallel.torch_schedules import (measure_torch_schedule, stages_of_rank,
+                                                          torch_bubble_formula)
+
+SMALL = GPTConfig(n_layer=4, n_head=2, d_model=32, seq_len=16)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
+def test_torch_schedule_equals_unsplit_model_and_measures_a_bubble(schedule):
+    report = measure_torch_schedule(schedule, p=2, m=4, config=SMALL, micro_batch=2, steps=2)
+    loss, grads = dense_reference(SMALL, 8)
+    assert report["loss"] == pytest.approx(loss, abs=1e-5)
+    assert report["grads"].keys() == grads.keys()
+    torch.testing.assert_close(report["grads"], grads, rtol=1e-5, atol=1e-6)
+    assert len(report["bubbles"]) == 2 and all(0 < b < 1 for b in report["bubbles"])
+    assert report["bubble"] in report["bubbles"]
+
+
+def test_stage_placement_and_formulas():
+    assert [stages_of_rank("interleaved-1f1b", r, 4) for r in range(4)] == \
+        [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [stages_of_rank("zb-v", r, 4) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert torch_bubble_formula("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert torch_bubble_formula("interleaved-1f1b", 4, 8) == pytest.approx(3 / 19)
+    assert torch_bubble_formula("zb-v", 4, 8) == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"schedule": "zero"}, "unknown schedule 'zero'"),
+    ({"schedule": "zb-v", "p": 3}, "needs 6 stages"),
+    ({"schedule": "1f1b", "p": 1}, "p must be >= 2"),
+    ({"schedule": "interleaved-1f1b", "m": 1}, "at least p=2"),
+    ({"schedule": "1f1b", "m": 0}, "m must be a positive integer"),
+])
+def test_bad_requests_fail_before_any_process(kwargs, message, monkeypatch):
+    import course_lib.pipeline_parallel.torch_schedules as module
+    monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match=message):
+        measure_torch_schedule(**kwargs)
