@@ -100,7 +100,7 @@ def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
 
 
 def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: int = 4,
-                           config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 4,
+                           config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 16,
                            steps: int = 5, seed: int = 0, timeout: float = 120.0) -> dict:
     """Run torch's ``schedule`` on ``p`` ranks (one thread each) and measure its bubble.
 
