@@ -11,10 +11,13 @@ Then, with the definitions of nccl-tests (``doc/PERFORMANCE.md`` in NVIDIA/nccl-
 * ``busbw = algbw * factor`` — what each rank's link carried, comparable across collectives
   and world sizes ``n`` and to the hardware's peak: ``factor`` is ``2(n-1)/n`` for all-reduce
   (a ring sends every byte out twice: reduce-scatter then all-gather), ``(n-1)/n`` for
-  all-gather and reduce-scatter, and ``1`` for broadcast.
+  all-gather, reduce-scatter and all-to-all (each rank keeps 1/n of its buffer), and ``1`` for
+  broadcast and reduce.
 
 ``S`` is the size of the full buffer: the all-reduce/broadcast tensor, the all-gather *output*
-and the reduce-scatter *input* (each rank holds ``S/n`` of it), as nccl-tests prints it.
+and the reduce-scatter *input* (each rank holds ``S/n`` of it), the all-to-all's buffer on each
+rank, as nccl-tests prints it. ``MORE_COLLECTIVES`` (reduce, all_to_all: chapter 9's collective
+of expert parallelism) are measured on request.
 :func:`memcopy_bandwidth` measures one process copying memory: no transfer between processes can
 beat it on one machine, so it is the ceiling to read busbw against.
 
@@ -33,10 +36,11 @@ from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
-__all__ = ["COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
+__all__ = ["COLLECTIVES", "MORE_COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
            "memcopy_bandwidth", "format_table", "size_label", "power_sizes", "validate_request"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+MORE_COLLECTIVES = ("reduce", "all_to_all")
 #: Interactive defaults: five sizes from 1 KiB to 16 MiB (a couple of seconds on 2 ranks).
 DEFAULT_SIZES = (2**10, 2**14, 2**18, 2**22, 2**24)
 _ELEMENT = 4  # bytes per float32 element
@@ -47,7 +51,7 @@ def busbw_factor(collective: str, world: int) -> float:
     validate_request([collective], [1], world, min_world=1)
     if collective == "all_reduce":
         return 2 * (world - 1) / world
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (world - 1) / world
     return 1.0
 
@@ -98,8 +102,9 @@ def validate_request(collectives: Iterable[str], sizes: Iterable[int], world: in
                      min_world: int = 2) -> None:
     """Raise ``ValueError`` for an unknown collective, a size <= 0 or too few ranks."""
     for name in collectives:
-        if name not in COLLECTIVES:
-            raise ValueError(f"unknown collective {name!r}; choose from {COLLECTIVES}")
+        if name not in COLLECTIVES + MORE_COLLECTIVES:
+            raise ValueError(f"unknown collective {name!r}; choose from "
+                             f"{COLLECTIVES + MORE_COLLECTIVES}")
     for size in sizes:
         if not is_int(size) or size <= 0:
             raise ValueError(f"message sizes must be positive integers (bytes), got {size!r}")
@@ -125,14 +130,17 @@ def _bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | N
     for name in collectives:
         for size in sizes:
             count = max(size // _ELEMENT, 1)
-            if name in ("all_gather", "reduce_scatter"):
+            if name in ("all_gather", "reduce_scatter", "all_to_all"):
                 count = max(world, count - count % world)  # each rank holds count / world
             full = torch.ones(count, device=device)
             part = torch.ones(count // world, device=device)
+            received = torch.empty_like(full) if name == "all_to_all" else None
             op = {"all_reduce": lambda: dist.all_reduce(full),
                   "all_gather": lambda: gather(full, part),
                   "reduce_scatter": lambda: scatter(part, full),
-                  "broadcast": lambda: dist.broadcast(full, src=0)}[name]
+                  "broadcast": lambda: dist.broadcast(full, src=0),
+                  "reduce": lambda: dist.reduce(full, dst=0),
+                  "all_to_all": lambda: dist.all_to_all_single(received, full)}[name]
             n = iters or _iters_for(size)
             for _ in range(warmup):
                 op()

@@ -28,6 +28,8 @@ from course_lib.communication.show import whatif_widget
     ("all_gather", 8, 2.0 * 7 / 8),           # (n-1)/n
     ("reduce_scatter", 4, 2.0 * 3 / 4),
     ("broadcast", 8, 2.0),                    # 1
+    ("all_to_all", 4, 2.0 * 3 / 4),           # (n-1)/n: each rank keeps 1/n of its buffer
+    ("reduce", 4, 2.0),                       # 1
 ])
 def test_busbw_matches_nccl_tests_definitions(collective, world, busbw):
     row = CollectiveResult(collective, world, size_bytes=10**9, seconds=0.5, iters=1,
@@ -41,7 +43,7 @@ def test_busbw_factor_of_one_rank_is_zero_traffic():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(collectives=["all_to_all"]), "unknown collective"),
+    (dict(collectives=["all_to_one"]), "unknown collective"),
     (dict(sizes=[1024, 0]), "positive"),
     (dict(sizes=[-5]), "positive"),
     (dict(world=1), "world size"),
@@ -68,6 +70,9 @@ def test_benchmark_measures_every_collective():
     assert all(r.seconds > 0 and r.world == 2 and r.iters == 2 for r in rows)
     table = comm.format_table(rows, ceiling_gbps=comm.memcopy_bandwidth(2**20, 2))
     assert "reduce_scatter" in table and "64 KiB" in table and "ceiling" in table
+    more = benchmark_collectives(comm.MORE_COLLECTIVES, sizes=[4096], world=2, iters=2)
+    assert [r.collective for r in more] == ["reduce", "all_to_all"]
+    assert all(r.size_bytes == 4096 and r.seconds > 0 for r in more)
 
 
 # ---- the hand-written ring -----------------------------------------------------------------
