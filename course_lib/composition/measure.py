@@ -19,7 +19,8 @@ from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import local_bytes, state_bytes, train_2d
-from course_lib.composition.context import _qkv, cp_attention_rank, cp_predicted_bytes
+from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
+                                           cp_predicted_bytes)
 from course_lib.composition.layouts import (MOE, check_layout, predict_gpt_bytes,
                                            predict_moe_bytes, predict_pp_bytes)
 from course_lib.composition.moe import MoE, ep_forward
@@ -138,9 +139,9 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
     ``batch`` is ``(sequences, seq_len)`` per data-parallel rank for the GPT layouts (default
     ``(2, 32)``; ``{"pp": 2, "dp_shard": n}`` runs a 2-stage pipeline by hand, each stage
     FSDP-sharded) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
-    ring attention (forward) over the preset's heads and sequence, ``batch`` sequences (default
-    2), against SDPA on the full sequence: its diff is the attention output's and its bytes are
-    activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
+    ring attention (forward, and the ring backward) over the preset's heads and sequence,
+    ``batch`` sequences (default 2), against SDPA on the full sequence: its diffs are the
+    attention output's and dq/dk/dv's, and its bytes are the forward's activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
     ``layout``, ``max_abs_diff_vs_single``, ``tolerance``, ``losses`` (rank 0 / single) and
     ``ranks``: per rank ``bytes_measured`` and ``bytes_predicted`` (params, grads, optimizer,
     model_states); ``{"ep": n}`` adds ``tokens_per_expert`` and ``all_to_all_bytes``.
@@ -183,16 +184,24 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
 
 
 def _run_cp(config, layout: dict[str, int], sequences: int) -> dict:
-    """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process."""
+    """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process: the output,
+    and dq, dk, dv of the ring backward (loss: the output times a seeded weight, summed)."""
     shape = (sequences, config.n_head, config.seq_len, config.head_dim)
     results = run(cp_attention_rank, layout["cp"], shape)
-    q, k, v = _qkv(*shape)
+    grads = run(cp_attention_grad_rank, layout["cp"], shape)
+    q, k, v = (t.requires_grad_() for t in _qkv(*shape))
     full = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    (full * weight).sum().backward()
+    full = full.detach()
     got = torch.cat([r["out"] for r in results], dim=2)
+    grad_diff = max((torch.cat([r[name] for r in grads], dim=2) - ref).abs().max().item()
+                    for name, ref in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)))
     predicted = cp_predicted_bytes(shape, layout["cp"])
     keys = ("activation_bytes", "score_bytes")
-    return {"layout": layout, "world": layout["cp"], "what": "attention forward",
+    return {"layout": layout, "world": layout["cp"], "what": "attention forward and backward",
             "max_abs_diff_vs_single": (got - full).abs().max().item(), "tolerance": 1e-5,
+            "max_abs_grad_diff_vs_single": grad_diff, "grad_tolerance": 1e-5,
             "single_bytes": cp_predicted_bytes(shape, 1),
             "ranks": [{"rank": r["rank"], "bytes_measured": {k: r[k] for k in keys},
                        "bytes_predicted": predicted} for r in results]}
