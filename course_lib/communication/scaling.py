@@ -10,7 +10,12 @@ things (medians over ``steps``; the slowest rank counts):
 
 ``comm_s = step_s - compute_s`` is the communication the step could *not* hide behind backward
 (DDP starts each bucket's all-reduce as soon as its gradients are ready). With
-``allreduce_s`` it shows how much overlap bought.
+``allreduce_s`` it shows how much overlap bought. Beside the wall time of the compute-only step,
+each rank measures the CPU time its process used (``compute_cpu_s``, ``time.process_time``):
+with ``threads`` busy threads a rank that always had its cores uses ``threads × wall`` of CPU, so
+``core_wait_s = compute_s - compute_cpu_s / threads`` is time spent waiting for a core —
+contention, not communication (there is none in that step). ``pin=True`` gives every rank its
+own cores (``os.sched_setaffinity``) so the operating system cannot stack two ranks on one core.
 
 * **strong scaling**: the global batch is fixed and split over ``p`` ranks; ideal step time is
   ``T(1)/p``; ``speedup = T(1)/T(p)``, ``efficiency = speedup/p``;
@@ -23,6 +28,8 @@ cores. Beyond 2 ranks nothing is gained in compute here; only GPUs (one per rank
 """
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 from contextlib import nullcontext
@@ -59,6 +66,13 @@ class ScalingRow:
     allreduce_s: float
     speedup: float
     efficiency: float
+    compute_cpu_s: float = math.nan   # CPU seconds of the compute-only step (the process's)
+    pinned: bool = False
+
+    @property
+    def core_wait_s(self) -> float:
+        """Time the compute-only step waited for a core: wall - CPU / threads (>= 0)."""
+        return max(0.0, self.compute_s - self.compute_cpu_s / self.threads)
 
     @property
     def comm_s(self) -> float:
@@ -66,11 +80,22 @@ class ScalingRow:
         return max(0.0, self.step_s - self.compute_s)
 
 
+def pin_cores(rank: int, threads: int) -> list[int]:
+    """Restrict this process to cores ``rank·threads … rank·threads + threads - 1`` of the ones it
+    may use (its threads created from now on inherit the mask); returns them."""
+    cores = sorted(os.sched_getaffinity(0))[rank * threads:(rank + 1) * threads]
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
 def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
-              seed: int) -> list[tuple[float, float, float]]:
-    """On each rank, per batch size: median (step, no_sync step, bare all-reduce) seconds,
-    the maximum over ranks. One process serves all batch sizes (building DDP costs seconds)."""
+              seed: int, pin: bool = False) -> list[tuple[float, float, float, float]]:
+    """On each rank, per batch size: median (step, no_sync step, bare all-reduce, CPU of the
+    no_sync step) seconds, the maximum over ranks. One process serves all batch sizes
+    (building DDP costs seconds)."""
     rank = dist.get_rank()
+    if pin:
+        pin_cores(rank, torch.get_num_threads())
     torch.manual_seed(seed)  # same initial weights everywhere (DDP would broadcast them anyway)
     model = DDP(MLP(sizes))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -82,11 +107,13 @@ def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
         y = torch.randn(batch, sizes[-1], generator=gen)
 
         def step(sync: bool) -> float:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             with nullcontext() if sync else model.no_sync():
                 F.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=False)
+            if not sync:
+                times["compute_cpu"].append(time.process_time() - cpu)
             return time.perf_counter() - start
 
         def bare() -> float:
@@ -94,15 +121,17 @@ def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
             dist.all_reduce(flat)
             return time.perf_counter() - start
 
+        times: dict[str, list[float]] = {"step": [], "compute": [], "allreduce": [],
+                                         "compute_cpu": []}
         step(True), step(False), bare()  # warm-up
-        times: dict[str, list[float]] = {"step": [], "compute": [], "allreduce": []}
+        times["compute_cpu"].clear()
         for _ in range(steps):  # interleaved, so a noisy moment hits all three alike
             for name, fn in (("step", lambda: step(True)), ("compute", lambda: step(False)),
                              ("allreduce", bare)):
                 dist.barrier()
                 times[name].append(fn())
         medians = torch.tensor([statistics.median(times[k]) for k in ("step", "compute",
-                                                                     "allreduce")],
+                                                                     "allreduce", "compute_cpu")],
                                dtype=torch.float64)
         dist.all_reduce(medians, op=dist.ReduceOp.MAX)
         results.append(tuple(medians.tolist()))
@@ -111,15 +140,16 @@ def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
 
 def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
                     batch_per_rank: int = 64, sizes: Sequence[int] = DEFAULT_SIZES,
-                    steps: int = 3, seed: int = 0, threads: int | None = None
-                    ) -> list[ScalingRow]:
+                    steps: int = 3, seed: int = 0, threads: int | None = None,
+                    pin: bool = False) -> list[ScalingRow]:
     """Measure DDP steps at each world size, strong and weak scaling in the same processes.
 
     Strong scaling splits ``global_batch`` over the ranks; weak scaling gives every rank
     ``batch_per_rank``. ``worlds`` must start with 1 (the baseline). Rows: all strong ones,
     then all weak ones. ``threads`` per rank defaults to ``cores // ranks``; ``threads=1``
     makes every rank one core, the CPU analogue of one GPU per rank (and avoids a 2-thread
-    baseline whose threads wait for each other on a busy machine).
+    baseline whose threads wait for each other on a busy machine). ``pin=True`` pins each rank
+    to its own ``threads`` cores; it needs ``world × threads`` cores for every world size.
     """
     worlds = list(worlds)
     if not worlds or worlds[0] != 1 or any(not is_int(w)
@@ -132,14 +162,18 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
         devices.plan(world, threads=threads)  # bad requests fail here, before anything starts
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
+        need = world * devices.plan(world, threads=threads).threads
+        if pin and need > len(os.sched_getaffinity(0)):
+            raise ValueError(f"pin=True gives every rank its own cores: {world} ranks need "
+                             f"{need} cores, this process may use {len(os.sched_getaffinity(0))}")
     MLP(sizes)  # validates the sizes
     measured = {world: run(_ddp_rank, world, list(sizes), [global_batch // world, batch_per_rank],
-                           steps, seed, threads=threads)[0] for world in worlds}
+                           steps, seed, pin, threads=threads)[0] for world in worlds}
     rows = []
     for index, mode in enumerate(("strong", "weak")):
         base = measured[1][index][0]
         for world in worlds:
-            step_s, compute_s, allreduce_s = measured[world][index]
+            step_s, compute_s, allreduce_s, compute_cpu_s = measured[world][index]
             ratio = base / step_s
             speedup, efficiency = (ratio, ratio / world) if mode == "strong" \
                 else (ratio * world, ratio)
@@ -147,16 +181,24 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
             rows.append(ScalingRow(mode, world, devices.plan(world, threads=threads).threads,
                                    batch, step_s,
                                    compute_s, allreduce_s if world > 1 else 0.0, speedup,
-                                   efficiency))
+                                   efficiency, compute_cpu_s, pin))
     return rows
 
 
 def format_scaling(rows: Sequence[ScalingRow]) -> str:
-    """The rows as a text table (milliseconds)."""
-    lines = [f"{'mode':<7}{'ranks':>6}{'threads':>8}{'batch/rank':>11}{'step ms':>9}"
-             f"{'compute':>9}{'comm':>8}{'bare AR':>9}{'speedup':>9}{'effic.':>8}"]
-    for r in rows:
-        lines.append(f"{r.mode:<7}{r.world:>6}{r.threads:>8}{r.batch_per_rank:>11}"
-                     f"{r.step_s * 1e3:>9.1f}{r.compute_s * 1e3:>9.1f}{r.comm_s * 1e3:>8.1f}"
-                     f"{r.allreduce_s * 1e3:>9.1f}{r.speedup:>9.2f}{r.efficiency:>8.0%}")
+    """The rows as a text table (milliseconds), one labelled block per mode."""
+    titles = {"strong": "strong scaling: the global batch is split over the ranks (ideal: "
+                        "step time / ranks)",
+              "weak": "weak scaling: every rank keeps its batch (ideal: the same step time)"}
+    header = (f"{'ranks':>5}{'threads':>8}{'batch/rank':>11}{'step ms':>9}{'compute':>9}"
+              f"{'cpu':>7}{'core wait':>10}{'comm':>7}{'bare AR':>9}{'speedup':>9}{'effic.':>8}")
+    lines = []
+    for mode in dict.fromkeys(r.mode for r in rows):
+        lines += ([""] if lines else []) + [titles.get(mode, mode), header]
+        for r in (r for r in rows if r.mode == mode):
+            lines.append(f"{r.world:>5}{r.threads:>8}{r.batch_per_rank:>11}"
+                         f"{r.step_s * 1e3:>9.1f}{r.compute_s * 1e3:>9.1f}"
+                         f"{r.compute_cpu_s * 1e3:>7.1f}{r.core_wait_s * 1e3:>10.1f}"
+                         f"{r.comm_s * 1e3:>7.1f}{r.allreduce_s * 1e3:>9.1f}{r.speedup:>9.2f}"
+                         f"{r.efficiency:>8.0%}")
     return "\n".join(lines)

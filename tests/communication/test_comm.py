@@ -246,6 +246,7 @@ def test_scaling_rows_are_consistent():
         ("strong", 1, 16), ("strong", 2, 8), ("weak", 1, 8), ("weak", 2, 8)]
     for r in rows:
         assert r.step_s > 0 and r.compute_s > 0 and r.comm_s >= 0
+        assert r.compute_cpu_s > 0 and r.core_wait_s >= 0 and not r.pinned
         if r.world == 1:
             assert r.speedup == 1.0 and r.efficiency == 1.0 and r.allreduce_s == 0.0
         else:
@@ -253,6 +254,41 @@ def test_scaling_rows_are_consistent():
     strong2, weak2 = rows[1], rows[3]
     assert strong2.efficiency == pytest.approx(strong2.speedup / 2)
     assert weak2.speedup == pytest.approx(weak2.efficiency * 2)
+
+
+def test_core_wait_is_wall_minus_cpu_per_thread_and_the_table_labels_both_modes():
+    from course_lib.communication.scaling import ScalingRow, format_scaling
+    row = ScalingRow("strong", 2, 2, 8, step_s=0.5, compute_s=0.4, allreduce_s=0.1, speedup=1.0,
+                     efficiency=0.5, compute_cpu_s=0.6)
+    assert row.core_wait_s == pytest.approx(0.4 - 0.6 / 2)
+    weak = ScalingRow("weak", 1, 1, 8, 0.1, 0.1, 0.0, 1.0, 1.0, compute_cpu_s=0.2)
+    assert weak.core_wait_s == 0.0                      # never negative
+    table = format_scaling([row, weak])
+    assert table.startswith("strong scaling: the global batch is split")
+    assert "\nweak scaling: every rank keeps its batch" in table and table.count("core wait") == 2
+
+
+def _pinned(threads):
+    import os
+
+    from course_lib.communication.scaling import pin_cores
+    return pin_cores(dist.get_rank(), threads), sorted(os.sched_getaffinity(0))
+
+
+def test_pinning_gives_each_rank_its_own_core():
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    (a, mask_a), (b, mask_b) = run(_pinned, 2, 1, threads=1)
+    assert a == mask_a and b == mask_b and len(a) == len(b) == 1 and a != b
+
+
+def test_pinning_more_ranks_than_cores_fails_before_starting(monkeypatch):
+    import course_lib.communication.scaling as scaling
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(ValueError, match="pin=True gives every rank its own cores: 4 ranks need 4"):
+        measure_scaling(worlds=(1, 4), threads=1, pin=True)
 
 
 @pytest.mark.parametrize("kwargs", [dict(worlds=(2, 4)), dict(worlds=(1, 3), global_batch=16),
