@@ -19,15 +19,17 @@ Tests check it against ``dist.all_reduce`` for world sizes 2-4 and sizes not div
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from course_lib.communication.benchmark import validate_request
+from course_lib.data_parallel.ddp_internals import bytes_written
 from course_lib.launcher.launch import run
 
-__all__ = ["ring_all_reduce", "compare_ring"]
+__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "compare_ring",
+           "ring_traffic"]
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> None:
@@ -46,33 +48,41 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
         request.wait()
 
 
-def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks in place with a ring; return it (like ``dist.all_reduce``)."""
-    if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce needs a contiguous tensor (chunks are views of it)")
+def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
+    """Reduce-scatter in place: afterwards chunk ``(r+1) % p`` of rank r is the sum; return it."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world == 1:
-        return tensor
     right, left = (rank + 1) % world, (rank - 1) % world
     chunks = tensor.view(-1).tensor_split(world)   # p views; sizes differ by at most 1
     incoming = torch.empty_like(chunks[0])         # chunk 0 is the largest
-
-    # 1. reduce-scatter: after step s, chunk (r-s-1) holds the sum of s+2 ranks' values
     for step in range(world - 1):
         send, recv = (rank - step) % world, (rank - step - 1) % world
         buffer = incoming[:chunks[recv].numel()]
         _exchange(chunks[send], buffer, right, left)
-        chunks[recv].add_(buffer)
-    # now chunk (r+1) % p on rank r is the complete sum
+        chunks[recv].add_(buffer)                  # now the sum of step+2 ranks' values
+    return chunks[(rank + 1) % world]
 
-    # 2. all-gather: pass the complete chunks around, overwriting the partial sums
-    for step in range(world - 1):
+
+def ring_all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """All-gather in place: rank r starts with chunk ``(r+1) % p`` complete, ends with all of them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = tensor.view(-1).tensor_split(world)
+    for step in range(world - 1):                  # pass the complete chunks on, overwriting
         send, recv = (rank + 1 - step) % world, (rank - step) % world
         _exchange(chunks[send], chunks[recv], right, left)
     return tensor
 
 
-def _compare_rank(sizes: Sequence[int], iters: int) -> list[tuple[int, float, float, float]]:
+def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place with a ring; return it (like ``dist.all_reduce``)."""
+    if not tensor.is_contiguous():
+        raise ValueError("ring_all_reduce needs a contiguous tensor (chunks are views of it)")
+    ring_reduce_scatter(tensor)
+    return ring_all_gather(tensor)
+
+
+def _compare_rank(sizes: Sequence[int], iters: int,
+                  ring: Callable | None = None) -> list[tuple[int, float, float, float]]:
     """On every rank: (bytes, ring seconds, dist.all_reduce seconds, max abs difference)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
@@ -80,7 +90,7 @@ def _compare_rank(sizes: Sequence[int], iters: int) -> list[tuple[int, float, fl
         count = max(size // 4, 1)
         data = torch.randn(count, generator=torch.Generator().manual_seed(rank))
         times = {}
-        for name, fn in (("ring", ring_all_reduce), ("torch", dist.all_reduce)):
+        for name, fn in (("ring", ring or ring_all_reduce), ("torch", dist.all_reduce)):
             buf = data.clone()
             fn(buf)  # warm-up, and the result to compare
             times[name + "_result"] = buf
@@ -97,15 +107,52 @@ def _compare_rank(sizes: Sequence[int], iters: int) -> list[tuple[int, float, fl
 
 
 def compare_ring(sizes: Sequence[int] = (2**12, 2**16, 2**20, 2**23), world: int = 2,
-                 iters: int = 5) -> list[dict]:
+                 iters: int = 5, ring: Callable | None = None) -> list[dict]:
     """Time the hand-written ring against ``dist.all_reduce`` (mean over ranks, seconds).
 
     Each dict has ``bytes``, ``ring_s``, ``torch_s`` and ``max_abs_diff`` (float32 sums in a
     different order differ by rounding only). The copy of the input made per iteration is
-    timed for both, so it does not favour either.
+    timed for both, so it does not favour either. ``ring`` replaces :func:`ring_all_reduce`
+    (e.g. a notebook cell's edited copy).
     """
     validate_request(["all_reduce"], list(sizes), world)
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    rows = run(_compare_rank, world, list(sizes), iters)[0]
+    rows = run(_compare_rank, world, list(sizes), iters, ring)[0]
     return [{"bytes": b, "ring_s": r, "torch_s": t, "max_abs_diff": d} for b, r, t, d in rows]
+
+
+def _traffic_rank(ring: Callable, count: int) -> dict:
+    """On every rank: bytes written to the sockets during ``ring``, and its result vs gloo's."""
+    rank = dist.get_rank()
+    data = torch.randn(count, generator=torch.Generator().manual_seed(rank))
+    mine, theirs = data.clone(), data.clone()
+    dist.all_reduce(theirs)
+    dist.barrier()
+    before = bytes_written()
+    ring(mine)
+    after = bytes_written()
+    equal = torch.allclose(mine, theirs, rtol=1e-5, atol=1e-5)  # float32 sums in another order
+    return {"sent": None if before is None else after - before, "equal": equal}
+
+
+def ring_traffic(worlds: Sequence[int] = (2, 3, 4), size: int = 2**22,
+                 ring: Callable | None = None) -> list[dict]:
+    """Run ``ring`` (default :func:`ring_all_reduce`) on each world size; what each rank sent.
+
+    Per world a dict: ``world``, ``bytes`` (S), ``sent`` (per rank: bytes it wrote to its
+    sockets during the call, ``wchar`` of ``/proc/self/io``; None off Linux), ``formula``
+    (``2(p-1)/p · S``) and ``equal`` (per rank: the result equals ``dist.all_reduce``'s).
+    """
+    worlds = list(worlds)
+    if not worlds:
+        raise ValueError("worlds must name at least one world size")
+    for world in worlds:  # every request is checked before any process starts
+        validate_request(["all_reduce"], [size], world)
+    rows = []
+    for world in worlds:
+        per_rank = run(_traffic_rank, world, ring or ring_all_reduce, max(size // 4, 1), threads=1)
+        rows.append({"world": world, "bytes": size, "sent": [r["sent"] for r in per_rank],
+                     "formula": 2 * (world - 1) / world * size,
+                     "equal": [r["equal"] for r in per_rank]})
+    return rows

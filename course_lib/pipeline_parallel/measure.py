@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,8 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.pipeline_parallel.schedules import Stage, StageTrace, check_pipeline, run_schedule
+from course_lib.pipeline_parallel.schedules import (Stage, StageTrace, check_pipeline, run_schedule,
+                                                    schedule_ops)
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
            "measured_bubble", "ready_times", "pipeline_rank", "measure_pipeline", "torch_pipeline",
@@ -142,9 +144,11 @@ def _data(config: GPTConfig, batch: int, seed: int) -> tuple[torch.Tensor, torch
 
 
 def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: int = 0,
-                  steps: int = 1, warmup: int = 1, grads: bool = True) -> list[StageTrace]:
+                  steps: int = 1, warmup: int = 1, grads: bool = True,
+                  ops: Callable | None = None) -> list[StageTrace]:
     """Run on every rank: build the GPT from ``seed``, keep this rank's stage, run ``warmup``
-    unrecorded steps (first-touch costs) then ``steps`` recorded ones; return their traces."""
+    unrecorded steps (first-touch costs) then ``steps`` recorded ones; return their traces.
+    ``ops`` replaces :func:`~course_lib.pipeline_parallel.schedules.schedule_ops` (same signature)."""
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     stage = Stage(GPT(config), rank, p)
@@ -156,7 +160,7 @@ def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: in
         stage.zero_grad(set_to_none=True)
         traces.append(StageTrace(rank))
         dist.barrier()
-        run_schedule(stage, schedule, micro_in, micro_tg, act_shape, traces[-1])
+        run_schedule(stage, schedule, micro_in, micro_tg, act_shape, traces[-1], ops or schedule_ops)
     if grads:
         traces[-1].grads = {stage.global_name(n): q.grad.clone() for n, q in stage.named_parameters()}
     return traces[warmup:]
@@ -164,9 +168,12 @@ def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: in
 
 def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
                      config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 4, seed: int = 0,
-                     steps: int = 7, grads: bool = False, timeout: float = 120.0) -> PipelineReport:
+                     steps: int = 7, grads: bool = False, timeout: float = 120.0,
+                     ops: Callable | None = None) -> PipelineReport:
     """Run the hand-written ``schedule`` on ``p`` processes (one thread each) with ``m``
     micro-batches of ``micro_batch`` sequences; bad requests fail before any process starts.
+    ``ops(schedule, p, m, rank)`` gives each rank's order of operations: by default the
+    library's ``schedule_ops``; pass a notebook cell's copy to run an edited schedule.
 
     After one warm-up step, ``steps`` short steps are recorded; the report keeps the step whose
     bubble is the median (``bubbles`` lists all of them): one busy moment on a shared machine
@@ -177,8 +184,10 @@ def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
     positive_int(micro_batch, "micro_batch")
     positive_int(steps, "steps")
     check_pipeline(config, p, m, None, schedule)
+    if ops is not None and not callable(ops):
+        raise TypeError(f"ops must be a function like schedule_ops, got {type(ops).__name__}")
     per_rank = run(pipeline_rank, p, config, schedule, m, m * micro_batch, seed, steps, 1, grads,
-                   timeout=timeout, threads=1)
+                   ops, timeout=timeout, threads=1)
     per_step = [[rank_traces[k] for rank_traces in per_rank] for k in range(steps)]
     measured = [measured_bubble(traces) for traces in per_step]
     order = sorted(range(steps), key=lambda k: measured[k].bubble_fraction)
@@ -203,12 +212,23 @@ def dense_reference(config: GPTConfig | str, batch: int, seed: int = 0) -> tuple
     return loss.item(), {n: q.grad.clone() for n, q in model.named_parameters()}
 
 
+def _recording(method: Callable, kind: str, order: list) -> Callable:
+    """``method`` (a stage's forward/backward of chunk ``i``) that first appends ``(kind, i)``."""
+    def recorded(i, *args, **kwargs):
+        order.append((kind, i))
+        return method(i, *args, **kwargs)
+    return recorded
+
+
 def _torch_pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: int) -> tuple:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     stage = Stage(GPT(config), rank, p)
     pipe_stage = PipelineStage(stage, rank, p, torch.device("cpu"))
+    order: list = []     # what torch's schedule ran on this rank: ("F", i) / ("B", i)
+    pipe_stage.forward_one_chunk = _recording(pipe_stage.forward_one_chunk, "F", order)
+    pipe_stage.backward_one_chunk = _recording(pipe_stage.backward_one_chunk, "B", order)
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     sched = kind(pipe_stage, n_microbatches=m, loss_fn=GPT.loss)   # grads averaged over m
     idx, targets = _data(config, batch, seed)
@@ -220,15 +240,21 @@ def _torch_pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
     else:
         sched.step()
     loss = torch.stack(losses).mean().item() if losses else None
-    return loss, {stage.global_name(n): q.grad.clone() for n, q in stage.named_parameters()}
+    return loss, {stage.global_name(n): q.grad.clone() for n, q in stage.named_parameters()}, order
 
 
 def torch_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
                    config: GPTConfig | str = PP_CONFIG, batch: int = 8, seed: int = 0,
-                   timeout: float = 120.0) -> tuple[float, dict]:
-    """The same split with ``torch.distributed.pipelining``: (mean loss, all gradients)."""
+                   timeout: float = 120.0, with_order: bool = False) -> tuple:
+    """The same split with ``torch.distributed.pipelining``: (mean loss, all gradients).
+
+    ``with_order=True`` adds a third element: per rank, the ("F", i)/("B", i) order in which
+    torch's schedule really ran its stage's forward and backward chunks.
+    """
     config = get_config(config)
     check_pipeline(config, p, m, batch, schedule)
     results = run(_torch_pipeline_rank, p, config, schedule, m, batch, seed, timeout=timeout, threads=1)
-    grads = {n: g for _, rank_grads in results for n, g in rank_grads.items()}
+    grads = {n: g for _, rank_grads, _ in results for n, g in rank_grads.items()}
+    if with_order:
+        return results[-1][0], grads, [order for _, _, order in results]
     return results[-1][0], grads

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -120,18 +121,20 @@ def _saved_bytes(stage: nn.Module, store: dict) -> torch.autograd.graph.saved_te
 
 
 def run_schedule(stage: Stage, schedule: str, micro_inputs: list, micro_targets: list,
-                 act_shape: tuple[int, ...], trace: StageTrace) -> None:
+                 act_shape: tuple[int, ...], trace: StageTrace,
+                 ops: Callable[[str, int, int, int], list] = schedule_ops) -> None:
     """Run one training step of ``schedule`` on this rank, appending to ``trace``.
 
     ``micro_inputs``/``micro_targets`` are used by the first/last stage only; ``act_shape`` is the
     shape of the activations passed between stages. Gradients accumulate in ``stage``'s
     parameters, each micro-batch's loss scaled by ``1/m`` (so they equal the full batch's).
+    ``ops(schedule, p, m, rank)`` gives the order (:func:`schedule_ops`, or a notebook's copy).
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     m = len(micro_inputs)
     stash: dict[int, tuple] = {}                     # micro-batch -> (input, output, bytes)
     sends, losses = [], []
-    for kind, i in schedule_ops(schedule, p, m, rank):
+    for kind, i in ops(schedule, p, m, rank):
         if kind == "F":
             if stage.first:
                 x = micro_inputs[i]

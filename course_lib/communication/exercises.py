@@ -1,0 +1,105 @@
+"""Chapter 5's code exercise: a learner's ring reduce-scatter, run on real ranks.
+
+:func:`check_reduce_scatter` runs ``reduce_scatter(tensor)`` on 3 real ranks and holds chunk
+``r`` of rank ``r`` against ``dist.all_reduce``'s result (torch's convention: rank r owns chunk
+r, as ``dist.reduce_scatter_tensor`` leaves it). A ring whose sends and receives do not match
+waits forever; each rank therefore runs the learner's function in a thread and gives up after
+``patience`` seconds (a working ring needs milliseconds here), so the check says "deadlock"
+in seconds instead of hanging the notebook.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from course_lib.launcher.launch import run
+
+__all__ = ["check_reduce_scatter"]
+
+N = 1003  # elements: not divisible by 3, so the chunks differ in size
+
+
+def _values(world: int) -> list[torch.Tensor]:
+    """Every rank's input (each rank can rebuild all of them, to name partial sums)."""
+    return [torch.randn(N, generator=torch.Generator().manual_seed(100 + k)) for k in range(world)]
+
+
+def _rs_rank(fn: Callable, patience: float) -> dict:
+    """On each rank: dist.all_reduce for the expected sums, then the learner's function, watched."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = _values(world)[rank].clone()
+    total = data.clone()
+    dist.all_reduce(total)
+    outcome: dict = {}
+
+    def attempt() -> None:
+        try:
+            fn(data)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=attempt, daemon=True)  # os._exit ends it if it hangs
+    worker.start()
+    worker.join(patience)
+    if worker.is_alive():
+        return {"hung": True}
+    if "error" in outcome:
+        raise outcome["error"]
+    return {"hung": False, "chunks": [c.clone() for c in data.tensor_split(world)],
+            "total": list(total.tensor_split(world))}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _what_is_off(res: dict, rank: int, world: int) -> str | None:
+    """Why rank ``rank``'s chunk ``rank`` is not the complete sum (None: it is)."""
+    mine, total = res["chunks"], res["total"]
+    if _close(mine[rank], total[rank]):
+        return None
+    elsewhere = [j for j in range(world) if j != rank and _close(mine[j], total[j])]
+    if elsewhere:
+        return (f"rank {rank} holds a complete sum, but in chunk {elsewhere[0]}, not in chunk "
+                f"{rank}: your chunk indices are shifted.")
+    parts = [v.tensor_split(world)[rank] for v in _values(world)]
+    for size in range(1, world):
+        for ranks in itertools.combinations(range(world), size):
+            if _close(mine[rank], sum(parts[k] for k in ranks)):
+                only = "only its own values" if ranks == (rank,) else \
+                    f"the values of only {size} of the {world} ranks (ranks {list(ranks)})"
+                return f"rank {rank}'s chunk {rank} holds {only}, not the sum over all ranks."
+    return f"rank {rank}'s chunk {rank} differs from the sum over all ranks."
+
+
+def check_reduce_scatter(fn: Callable[[torch.Tensor], object], world: int = 3,
+                         patience: float = 4.0) -> tuple[bool, str]:
+    """Run ``fn(tensor)`` on ``world`` real ranks; rank r's chunk r must equal the all-reduced one.
+
+    The tensor has 1003 elements (chunks of unequal size, ``tensor_split``). Returns ``(passed,
+    message)`` for :func:`course_lib.check_true`; ranks still waiting after ``patience``
+    seconds are reported as a deadlock.
+    """
+    if not callable(fn):
+        raise TypeError(f"pass your function itself (reduce_scatter, no parentheses), got "
+                        f"{type(fn).__name__}")
+    if not isinstance(world, int) or world < 3:
+        raise ValueError(f"world must be an integer >= 3 (with 2 ranks left and right are the "
+                         f"same neighbour), got {world!r}")
+    results = run(_rs_rank, world, fn, patience, threads=1, timeout=60 + patience)
+    hung = [rank for rank, res in enumerate(results) if res["hung"]]
+    if hung:
+        return False, (f"rank(s) {hung} were still waiting after {patience:g} s (a working ring "
+                       "takes milliseconds here): a deadlock, each rank waiting for a message no "
+                       "rank sends it. Check which neighbour each rank sends to and which one it "
+                       "receives from.")
+    for rank, res in enumerate(results):
+        problem = _what_is_off(res, rank, world)
+        if problem:
+            return False, problem
+    return True, (f"on {world} real ranks, chunk r of rank r equals dist.all_reduce's chunk r "
+                  "on every rank.")
