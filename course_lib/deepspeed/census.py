@@ -14,7 +14,8 @@ states does it hold? Three answers are put side by side:
 * **the course's prediction** — :func:`predict_deepspeed`: from the parameter shapes alone, with
   DeepSpeed's layout rules (flat buffers padded to a multiple of ``2·N`` elements, a fp32 master
   copy even in fp32 training, one Adam ``step`` per flat group, ZeRO-3 partitions of
-  ``ceil(numel/N)`` per tensor).
+  ``ceil(numel/N)`` per tensor), in fp32 or with the config's ``bf16`` section (16-bit weights,
+  gradients and buckets; fp32 master weights and Adam moments: the paper's 2 + 2 + 12).
 * **DeepSpeed's own estimate** — :func:`deepspeed_estimate`: its non-printing
   ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``
   (what the ``*_all_live`` helpers print), which assume fp16/bf16 mixed precision: 2 B of 16-bit

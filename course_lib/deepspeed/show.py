@@ -159,7 +159,7 @@ def precision_table(rows: list[dict]) -> str:
     r0 = rows[0]
     lines = [f"bf16 mixed precision, Ψ = {r0['psi']:,} parameters, N = {r0['world']}, rank 0, "
              "after backward — bytes",
-             f"chapter 1's precision=\"mixed\": {per['params']} + {per['grads']} + "
+             f"course_lib.memory's precision=\"mixed\": {per['params']} + {per['grads']} + "
              f"{per['optimizer']} = {per['total']} B/param (weights + grads + master and Adam)",
              f"{'stage':>5} {'params':>8} {'grads':>8} {'master':>8} {'Adam':>9} "
              f"{'buckets+other':>13} {'total':>10} {'= predicted':>11} {'B/param':>7} "
