@@ -8,7 +8,6 @@ parameter of mixed precision (2 + 2 + 12, chapter 1's ``precision="mixed"``).
 """
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import pytest
