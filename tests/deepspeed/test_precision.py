@@ -169,3 +169,15 @@ def test_config_exercise_stub_and_arguments():
     assert not feedback and "NotImplementedError" in feedback.message
     with pytest.raises(TypeError, match="pass your function itself"):
         check_ds_config(_config(2))
+
+
+def test_precision_table_shows_the_verdict_and_bytes_per_param(launched):
+    from course_lib.deepspeed.show import precision_rows, precision_table
+    bf16 = {"ranks": [r["bf16"]["tiny"] for r in launched]}
+    rows = precision_rows(bf16, bf16)  # the fp32 column is only read, any run will do
+    assert [r["stage"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["measured"] == r["predicted"] for r in rows)
+    lines = precision_table(rows).splitlines()
+    assert "2 + 2 + 12 = 16 B/param" in lines[1]
+    assert " True " in lines[3] and " 16.00 " in lines[3]  # stage 0: the 16 bytes
+    assert precision_table([]) == "no bf16 measurement"
