@@ -14,7 +14,8 @@ states does it hold? Three answers are put side by side:
 * **the course's prediction** — :func:`predict_deepspeed`: from the parameter shapes alone, with
   DeepSpeed's layout rules (flat buffers padded to a multiple of ``2·N`` elements, a fp32 master
   copy even in fp32 training, one Adam ``step`` per flat group, ZeRO-3 partitions of
-  ``ceil(numel/N)`` per tensor).
+  ``ceil(numel/N)`` per tensor), in fp32 or with the config's ``bf16`` section (16-bit weights,
+  gradients and buckets; fp32 master weights and Adam moments: the paper's 2 + 2 + 12).
 * **DeepSpeed's own estimate** — :func:`deepspeed_estimate`: its non-printing
   ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``
   (what the ``*_all_live`` helpers print), which assume fp16/bf16 mixed precision: 2 B of 16-bit
@@ -44,8 +45,10 @@ CATEGORIES = ("params", "grads", "master", "optimizer", "buckets", "other")
 _ATTRS = {
     "params": ("bit16_groups_flat", "parallel_partitioned_bit16_groups", "bit16_groups",
                "fp16_partitioned_groups_flat", "fp16_groups"),
-    "master": ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"),
-    "grads": ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer",
+    "master": ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat",
+               "fp32_groups"),  # the last: stage 0 in bf16/fp16 (FP16_UnfusedOptimizer)
+    "grads": ("averaged_gradients", "all_grad_tensors", "grads_in_partition",
+              "grad_partitions_flat_buffer",
               "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"),
     "buckets": ("ipg_buckets",),
 }
@@ -141,51 +144,63 @@ def _partition_params(numels: Sequence[int], rank: int, part: int) -> int:
 
 
 def predict_deepspeed(shapes: Sequence[tuple[int, ...]], stage: int, world: int, *,
-                      rank: int = 0, moment: str = "step",
-                      bucket_elements: int = 2**14) -> dict[str, int]:
-    """The course's prediction of :func:`census` for fp32 Adam (``torch_adam``), per rank.
+                      rank: int = 0, moment: str = "step", bucket_elements: int = 2**14,
+                      precision: str = "fp32") -> dict[str, int]:
+    """The course's prediction of :func:`census` for Adam (``torch_adam``), per rank.
 
     ``moment="step"``: after ``engine.step()``; ``"backward"``: after ``engine.backward`` of a
-    later step (the reduced gradients exist, Adam's states already do). ``bucket_elements`` is
-    the config's ``reduce_bucket_size``. Layout, read from DeepSpeed 0.19's source and checked
-    against :func:`census` by the tests:
+    later step (the reduced gradients exist, Adam's states already do); ``"accumulate"``: after
+    a backward that is *not* the last of its ``gradient_accumulation_steps`` (no step follows).
+    ``bucket_elements`` is the config's ``reduce_bucket_size``. ``precision``: ``"fp32"`` (no
+    ``bf16`` section) or ``"bf16"`` (``"bf16": {"enabled": true}``): the weights, gradients and
+    buckets take ``w`` = 4 or 2 bytes per element; master weights and Adam's moments are fp32
+    either way. Layout, read from DeepSpeed 0.19's source and checked against :func:`census`
+    by the tests:
 
-    * stage 0: the module's fp32 params ``4Ψ``; grads ``4Ψ`` after backward, freed by the step;
-      Adam ``8Ψ`` + a 4-byte ``step`` per tensor (``torch.optim.Adam`` over the module's tensors);
+    * stage 0: the module's params ``wΨ``; grads ``wΨ`` after backward, freed by the step;
+      Adam ``8Ψ`` + a 4-byte ``step`` per tensor; in bf16 also an fp32 master copy of every
+      tensor, ``4Ψ`` (``FP16_UnfusedOptimizer``; its fp32 gradients exist only inside ``step``);
     * stages 1 and 2: params are views into one flat buffer of ``A`` elements (``Ψ`` padded to a
-      multiple of ``2N``): ``4A``; a fp32 **master** copy of this rank's partition ``4A/N``
+      multiple of ``2N``): ``wA``; a fp32 **master** copy of this rank's partition ``4A/N``
       (cloned even when training in fp32); Adam ``8A/N + 4`` (one flat tensor, one ``step``);
       after backward a gradient buffer holding the *whole* tensors that overlap the partition
-      (so a little more than ``4A/N``; the last rank's includes the padding), freed by the
+      (so a little more than ``wA/N``; the last rank's includes the padding), freed by the
       step; the grad-norm scalar (4 B). The reduction buckets (``reduce_bucket_size``
-      elements) live only *inside* backward;
+      elements) live only *inside* backward — except while stage 1 accumulates: it keeps the
+      full gradients ``wΨ`` (reduced only at the last micro-batch) and a bucket;
     * stage 3: every tensor is cut into ``ceil(numel/N)`` elements per rank, ``S`` in all:
-      params ``4S`` (the ``ds_tensor`` partitions; the module's tensors are empty between
-      steps), master ``4S``, the flat gradient buffer ``4S`` (kept allocated), Adam ``8S + 4``,
+      params ``wS`` (the ``ds_tensor`` partitions; the module's tensors are empty between
+      steps), master ``4S``, the flat gradient buffer ``wS`` (kept allocated), Adam ``8S + 4``,
       one reduction bucket of ``reduce_bucket_size`` elements allocated at initialisation, an
       fp64 grad-norm scalar and a 1-byte inf/nan flag.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    if moment not in ("step", "backward"):
-        raise ValueError(f"moment must be 'step' or 'backward', got {moment!r}")
+    if moment not in ("step", "backward", "accumulate"):
+        raise ValueError(f"moment must be 'step', 'backward' or 'accumulate', got {moment!r}")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    w = 4 if precision == "fp32" else 2
     numels = [math.prod(s) for s in shapes]
     total = sum(numels)
-    backward = moment == "backward"
+    backward = moment != "step"
     if stage == 0:
-        out = {"params": 4 * total, "grads": 4 * total if backward else 0, "master": 0,
+        out = {"params": w * total, "grads": w * total if backward else 0,
+               "master": 0 if precision == "fp32" else 4 * total,
                "optimizer": 8 * total + 4 * len(shapes), "buckets": 0, "other": 0}
     elif stage in (1, 2):
         align = flat_alignment(world)
         part = -(-total // align) * align // world
         padded = numels + [part * world - total]  # the padding is a tensor of its own at the end
-        grads = 4 * _partition_params(padded, rank, part) if backward else 0
-        out = {"params": 4 * part * world, "grads": grads, "master": 4 * part,
+        grads = w * _partition_params(padded, rank, part) if backward else 0
+        out = {"params": w * part * world, "grads": grads, "master": 4 * part,
                "optimizer": 8 * part + 4, "buckets": 0, "other": 4}
+        if stage == 1 and moment == "accumulate":
+            out.update(grads=w * total, buckets=w * bucket_elements)
     else:
         part = sum(-(-n // world) for n in numels)
-        out = {"params": 4 * part, "grads": 4 * part, "master": 4 * part,
-               "optimizer": 8 * part + 4, "buckets": 4 * bucket_elements, "other": 8 + 1}
+        out = {"params": w * part, "grads": w * part, "master": 4 * part,
+               "optimizer": 8 * part + 4, "buckets": w * bucket_elements, "other": 8 + 1}
     out["model_states"] = sum(out[c] for c in CATEGORIES)
     return out
 

@@ -1,12 +1,23 @@
-"""Chapter 08's exercise check: does a learner's DeepSpeed config fit the GPUs it names?"""
+"""Chapter 08's exercise checks: a learner's DeepSpeed config, on paper and on real ranks.
+
+:func:`check_fit_config` "runs" a config for a 7B model through the course's prediction;
+:func:`check_ds_config` runs a learner's config through ``deepspeed.initialize`` on real ranks
+and compares the bytes each rank holds with the prediction for ZeRO-2 in bf16.
+"""
 from __future__ import annotations
+
+import math
+
+from typing import Callable
 
 from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig, get_config
-from course_lib.deepspeed.census import predict_deepspeed
+from course_lib.deepspeed.census import CATEGORIES, predict_deepspeed
+from course_lib.deepspeed.load import deepspeed_status
+from course_lib.launcher.launch import run
 from course_lib.sharding.formulas import param_shapes
 
-__all__ = ["check_fit_config", "fit_answer"]
+__all__ = ["check_fit_config", "fit_answer", "check_ds_config", "TASK"]
 
 
 def _need(shapes: list, stage: int, n_gpus: int) -> int:
@@ -56,3 +67,92 @@ def check_fit_config(ds_config: object, *, config: GPTConfig | str | list = "gpt
         return False, (f"stage {stage} fits ({need / 1e9:.1f} GB per GPU), but a lower stage "
                        "fits too and communicates less")
     return True, f"stage {stage}: {need / 1e9:.1f} GB of model states per GPU — it fits"
+
+
+#: The task of :func:`check_ds_config`: ZeRO-2, bf16, 16 sequences per step in 2 micro-batches.
+TASK = {"stage": 2, "dtype": "torch.bfloat16", "global_batch": 16, "accum": 2}
+_MOMENTS = {"accumulate": "after the first micro-batch of a step",
+            "backward": "after the last micro-batch's backward", "step": "after the step"}
+
+
+def _batch_problem(micro: int, accum: int, global_batch: int, world: int) -> str | None:
+    if accum != TASK["accum"] or global_batch != TASK["global_batch"]:
+        return (f"on {world} ranks the engine trains {global_batch} sequences per optimizer "
+                f"step, in {accum} micro-batch(es) of {micro} per rank; the task asks for "
+                f"{TASK['global_batch']} per step, accumulated over {TASK['accum']} micro-batches")
+    return None
+
+
+def _bytes_problem(got: dict, world: int, bucket: int, stage: int) -> str | None:
+    """What differs from ZeRO-2 in bf16, said in bytes (rank 0), or None."""
+    shapes = param_shapes(get_config("tiny"))
+    psi = sum(math.prod(s) for s in shapes)
+    for moment, when in _MOMENTS.items():
+        want = predict_deepspeed(shapes, TASK["stage"], world, moment=moment,
+                                 bucket_elements=bucket, precision="bf16")
+        have = got[moment]
+        if have == want:
+            continue
+        if stage == 3:
+            return (f"{when}, rank 0 holds {have['params']:,} bytes of weights for {psi:,} "
+                    "parameters, partitions of every tensor plus what it gathered: the "
+                    "parameters are partitioned; this task keeps the full 16-bit weights on "
+                    "every rank")
+        if have["optimizer"] >= 8 * psi:
+            return (f"{when}, rank 0 holds Adam's moments for all {psi:,} parameters "
+                    f"({have['optimizer']:,} bytes): the optimizer states are not partitioned")
+        if have["grads"] >= 2 * psi:
+            return (f"{when}, rank 0 holds {have['grads']:,} bytes of gradients, the full "
+                    f"gradient of all {psi:,} parameters: while accumulating, this task keeps "
+                    "only the rank's partition of the gradients")
+        diff = [f"{c} {have[c]:,} (predicted {want[c]:,})" for c in CATEGORIES
+                if have[c] != want[c]]
+        return f"{when}, rank 0's bytes differ from the ZeRO-2 bf16 prediction: " + \
+            ", ".join(diff)
+    return None
+
+
+def check_ds_config(make_config: Callable[[int], dict], world: int = 2) -> tuple[bool, str]:
+    """Run the learner's ``make_config(world)`` on ``world`` real ranks; compare with :data:`TASK`.
+
+    The config goes through ``deepspeed.initialize`` in every rank (its errors are DeepSpeed's
+    own), trains the tiny GPT 2 optimizer steps, and :func:`course_lib.deepspeed.census.census`
+    counts rank 0's bytes after the first micro-batch of the second step, after its last
+    backward and after its step; they must equal :func:`predict_deepspeed` for ZeRO-2 in bf16
+    at each moment (stage 1 holds the same bytes as stage 2 except while accumulating, hence
+    the first moment). Returns ``(passed, message)`` for :func:`course_lib.check_true`.
+    """
+    if not callable(make_config):
+        raise TypeError("pass your function itself (no parentheses), "
+                        f"got {type(make_config).__name__}")
+    ds_config = make_config(world)
+    if not isinstance(ds_config, dict):
+        return False, f"your function returns a {type(ds_config).__name__}, not a config dict"
+    zero = ds_config.get("zero_optimization") or {}
+    bucket = zero.get("reduce_bucket_size", 5e8) if isinstance(zero, dict) else 5e8
+    if not is_int(bucket) or not 0 < bucket <= 2**20:
+        return False, ("set \"reduce_bucket_size\" in \"zero_optimization\" to at most 2**20 "
+                       "elements (DeepSpeed's default, 5e8, allocates a 1 GB bf16 buffer)")
+    ok, reason = deepspeed_status()
+    if not ok:
+        return False, reason
+    from course_lib.deepspeed import ranks  # DeepSpeed is imported already (status)
+    got = run(ranks.config_census, world, ds_config, timeout=120, threads=1)[0]
+    if "error" in got:
+        return False, f"DeepSpeed refused the config: {got['error']}"
+    problem = _batch_problem(got["micro"], got["accum"], got["train_batch"], world)
+    if problem is None and got["dtype"] != TASK["dtype"]:
+        problem = (f"rank 0's weights are {got['dtype'].replace('torch.', '')}: this task "
+                   "trains with 16-bit weights and fp32 master weights (mixed precision)")
+    problem = problem or _bytes_problem(got, world, bucket, got["stage"])
+    if problem:
+        return False, problem + "."
+    other = make_config(2 * world)  # the same config for twice the ranks: no hard-coded world
+    micro = other.get("train_micro_batch_size_per_gpu") if isinstance(other, dict) else None
+    if not is_int(micro) or micro * other.get("gradient_accumulation_steps", 1) * 2 * world \
+            != TASK["global_batch"]:
+        return False, (f"for {2 * world} ranks your function's config does not train "
+                       f"{TASK['global_batch']} sequences per step: use world_size")
+    return True, (f"on {world} ranks: ZeRO-2, bf16, {got['train_batch']} sequences per step; "
+                  f"rank 0's bytes equal the prediction at all three moments "
+                  f"({got['backward']['model_states']:,} after backward)")

@@ -8,6 +8,7 @@ inference only; training's collectives go through ``torch.distributed``) and the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -87,5 +88,22 @@ def load_deepspeed(*, build_comm_op: bool = False):
     _import_muon_uncompiled()
     if not build_comm_op:
         # DeepSpeed's own table of buildable ops (probed once per process, meant to be edited)
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        with _quiet_stderr():
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for a moment: DeepSpeed's first look at its op table
+    test-links each op (e.g. ``-laio``) and silences the linker through ``sys.stderr.fileno()``,
+    which in a Jupyter kernel is not descriptor 2 — the linker's "cannot find -laio" would land
+    in the cell."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -13,9 +13,11 @@ import torch
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.deepspeed.census import (CATEGORIES, deepspeed_estimate, largest_layer,
                                          predict_deepspeed)
-from course_lib.sharding.formulas import param_shapes
+from course_lib.memory.predict import bytes_per_param
+from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, param_shapes
 
-__all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget"]
+__all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget",
+           "precision_rows", "precision_table"]
 
 
 def _largest(config: GPTConfig) -> int:
@@ -120,6 +122,55 @@ def stage_breakdown(result: dict, stage: int, rank: int = 0,
     torch_row = mine["torch"][stage]
     lines.append(f"DeepSpeed's estimator: {_num(est)}; torch's {torch_row['strategy']} "
                  f"(chapter 3, measured after step): {torch_row['model_states']:,}")
+    return "\n".join(lines)
+
+
+def precision_rows(fp32: dict, bf16: dict, config: GPTConfig | str = "tiny",
+                   rank: int = 0) -> list[dict]:
+    """Per stage, rank ``rank`` after backward: the bf16 census next to its predictions.
+
+    ``bf16`` is a run with ``"bf16": {"enabled": true}`` (``{"ranks": [...]}``), ``fp32`` the
+    chapter's fp32 run; ``predicted`` is :func:`predict_deepspeed` with ``precision="bf16"``,
+    ``paper`` the ZeRO paper's formula (:func:`course_lib.sharding.formulas.paper_bytes`, K = 12).
+    """
+    config = get_config(config)
+    shapes = param_shapes(config)
+    psi = param_count(config)
+    mine = bf16["ranks"][rank]
+    world = mine["world_size"]
+    paper = paper_bytes(psi, world, k=12)
+    by_stage = {stage: name for name, stage in TORCH_STAGES.items()}
+    rows = []
+    for stage in sorted(k for k in mine if isinstance(k, int)):
+        rows.append({"stage": stage, "world": world, "psi": psi,
+                     "measured": mine[stage]["after_backward"],
+                     "predicted": predict_deepspeed(shapes, stage, world, rank=rank,
+                                                    moment="backward", precision="bf16"),
+                     "paper": paper[by_stage[stage]],
+                     "fp32": fp32["ranks"][rank][stage]["after_backward"]})
+    return rows
+
+
+def precision_table(rows: list[dict]) -> str:
+    """bf16 bytes per category (after backward) vs the prediction, the paper's formula and fp32."""
+    if not rows:
+        return "no bf16 measurement"
+    per = bytes_per_param("mixed")
+    r0 = rows[0]
+    lines = [f"bf16 mixed precision, Ψ = {r0['psi']:,} parameters, N = {r0['world']}, rank 0, "
+             "after backward — bytes",
+             f"course_lib.memory's precision=\"mixed\": {per['params']} + {per['grads']} + "
+             f"{per['optimizer']} = {per['total']} B/param (weights + grads + master and Adam)",
+             f"{'stage':>5} {'params':>8} {'grads':>8} {'master':>8} {'Adam':>9} "
+             f"{'buckets+other':>13} {'total':>10} {'= predicted':>11} {'B/param':>7} "
+             f"{'paper (K=12)':>12} {'fp32 total':>10}"]
+    for r in rows:
+        m = r["measured"]
+        lines.append(f"{r['stage']:>5} {m['params']:>8,} {m['grads']:>8,} {m['master']:>8,} "
+                     f"{m['optimizer']:>9,} {m['buckets'] + m['other']:>13,} "
+                     f"{m['model_states']:>10,} {str(m == r['predicted']):>11} "
+                     f"{m['model_states'] / r['psi']:>7.2f} {r['paper']:>12,.0f} "
+                     f"{r['fp32']['model_states']:>10,}")
     return "\n".join(lines)
 
 
