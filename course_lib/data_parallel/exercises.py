@@ -140,7 +140,7 @@ def check_make_buckets(fn: Callable, world: int = 2, cap_bytes: int = DEFAULT_CA
 
     Returns ``(passed, message)``. Passes when every gradient equals torch DDP's average and the
     buckets are the ones DDP itself builds with ``bucket_cap_mb = cap_bytes / 2**20`` (read by a
-    communication hook after DDP's rebuild): same tensors per bucket, same bytes, same order.
+    communication hook after DDP's rebuild): as many tensors and bytes each, in the same order.
     """
     if not callable(fn):
         raise TypeError(f"pass your function itself (make_buckets, no parentheses), "
@@ -166,8 +166,9 @@ def check_make_buckets(fn: Callable, world: int = 2, cap_bytes: int = DEFAULT_CA
         return False, (f"the gradients of {len(res['wrong'])} parameters (e.g. {res['wrong'][0]}) "
                        "differ from DDP's averaged ones.")
     if res["layout"] == res["ddp"]:
-        return True, (f"your {len(res['layout'])} buckets are the ones DDP builds itself (same "
-                      f"tensors, bytes and order) and the gradients equal DDP's on {world} ranks.")
+        return True, (f"your {len(res['layout'])} buckets are the ones DDP builds itself (as many "
+                      f"tensors and bytes each, in the same order) and the gradients equal DDP's "
+                      f"on {world} ranks.")
     if res["first"] and res["first"][0] == "tok_emb.weight":
         return False, ("your first bucket starts with tok_emb.weight, whose gradient backward "
                        "produces last: that bucket could only be sent once backward is over. "
