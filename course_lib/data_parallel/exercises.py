@@ -127,7 +127,7 @@ def _buckets_rank(fn: Callable, cap_bytes: int, seed: int) -> dict:
     GPT.loss(model(inputs), targets).backward()
     hand.finish()
     ddp = dict(reference.module.named_parameters())
-    return {"layout": [(len(b), sum(p.numel() * 4 for p in b)) for b in buckets],
+    return {"layout": [(len(b), sum(p.numel() * p.element_size() for p in b)) for b in buckets],
             "ddp": [(r["n_tensors"], r["nbytes"]) for r in log.records],
             "first": [names[id(p)] for p in buckets[0]] if buckets else [],
             "wrong": [n for n, p in model.named_parameters()
