@@ -106,18 +106,20 @@ def train_single(steps: int = 3, global_batch: int = 8, seq_len: int = 32, *, lr
 
 def train_rank(mode: str, steps: int, local_batch: int, seq_len: int, lr: float, seed: int,
                preset: str, sync: Callable[[nn.Module], None] | None = None,
-               shard: bool = True) -> tuple[dict[str, torch.Tensor], list[float]]:
+               shard: bool = True, broadcast: Callable[[nn.Module], None] | None = None
+               ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """On one rank: train with DP ``"hand"`` (steps 1-4 above) or ``"torch"`` (DDP).
 
-    ``sync`` replaces :func:`average_gradients` in hand mode, and ``shard=False`` gives every
-    rank rank 0's rows: the exercise and the mistakes of :mod:`course_lib.data_parallel.mistakes`.
-    Returns this rank's final parameters and local losses.
+    ``sync`` and ``broadcast`` replace :func:`average_gradients` and
+    :func:`broadcast_parameters` in hand mode (the notebook passes its own cells' functions),
+    and ``shard=False`` gives every rank rank 0's rows: the exercise and the mistakes of
+    :mod:`course_lib.data_parallel.mistakes`. Returns this rank's final parameters and losses.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed + rank)            # different on purpose: the broadcast must fix it
     model: nn.Module = GPT(get_config(preset))
     if mode == "hand":
-        broadcast_parameters(model)           # 1. same start
+        (broadcast or broadcast_parameters)(model)   # 1. same start
         sync = sync or average_gradients      # 3. same gradient (after backward)
     elif mode == "torch":
         model, sync = DDP(model), None        # broadcasts in its constructor, averages in backward
@@ -160,10 +162,11 @@ class DDPComparison:
                 f"  between ranks            : {self.ranks_spread:.1e}")
 
 
-def _both_modes(steps: int, local_batch: int, seq_len: int, lr: float, seed: int, preset: str):
+def _both_modes(steps: int, local_batch: int, seq_len: int, lr: float, seed: int, preset: str,
+                sync=None, broadcast=None):
     """On each rank: hand DP, then torch DDP; rank 0 also trains the one-process reference."""
-    out = {mode: train_rank(mode, steps, local_batch, seq_len, lr, seed, preset)
-           for mode in ("hand", "torch")}
+    out = {mode: train_rank(mode, steps, local_batch, seq_len, lr, seed, preset, sync=sync,
+                            broadcast=broadcast) for mode in ("hand", "torch")}
     if dist.get_rank() == 0:
         out["single"] = train_single(steps, local_batch * dist.get_world_size(), seq_len, lr=lr,
                                      seed=seed, preset=preset)
@@ -180,10 +183,13 @@ def _validate(world: int, steps: int, local_batch: int, seq_len: int, preset: st
 
 
 def compare_ddp(world: int = 2, steps: int = 3, local_batch: int = 4, seq_len: int = 32, *,
-                lr: float = 0.1, seed: int = 0, preset: str = "tiny",
-                check: bool = False) -> DDPComparison:
+                lr: float = 0.1, seed: int = 0, preset: str = "tiny", check: bool = False,
+                sync: Callable[[nn.Module], None] | None = None,
+                broadcast: Callable[[nn.Module], None] | None = None) -> DDPComparison:
     """Train hand DP and torch DDP on ``world`` ranks and one process on the global batch.
 
+    ``sync`` / ``broadcast`` (default :func:`average_gradients` / :func:`broadcast_parameters`)
+    are the hand version's steps 3 and 1: the notebook passes the functions typed in its cell.
     With ``check=True`` it also asserts (``torch.testing.assert_close`` with :data:`TOLERANCE`)
     that both equal the single process and that all ranks hold identical parameters.
     """
@@ -191,8 +197,8 @@ def compare_ddp(world: int = 2, steps: int = 3, local_batch: int = 4, seq_len: i
     # CPU + gloo even where GPUs exist: the lesson is the arithmetic, not the device.
     # threads=1: one core per rank, the CPU analogue of one GPU per rank (and no idle threads
     # spinning on a busy machine)
-    per_rank = run(_both_modes, world, steps, local_batch, seq_len, lr, seed, preset,
-                   device="cpu", threads=1)
+    per_rank = run(_both_modes, world, steps, local_batch, seq_len, lr, seed, preset, sync,
+                   broadcast, device="cpu", threads=1)
     single, single_losses = per_rank[0]["single"]
     hand, torch_ddp = per_rank[0]["hand"][0], per_rank[0]["torch"][0]
     spread = max(max_diff(r[mode][0], per_rank[0][mode][0]) for r in per_rank

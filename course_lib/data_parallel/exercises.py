@@ -1,7 +1,9 @@
-"""Chapter 2's exercise checks: a learner's gradient averaging, bytes of a ring all-reduce.
+"""Chapter 2's exercise checks: gradient averaging, gradient buckets, bytes of a ring all-reduce.
 
 :func:`check_average_gradients` runs the learner's ``average_gradients(model)`` on real ranks
 next to torch's DDP and says what is wrong (for ``course_lib.check_true``);
+:func:`check_make_buckets` runs hand-bucketed DDP with the learner's ``make_buckets`` on real
+ranks and compares its buckets and gradients with the ones torch's DDP builds;
 :func:`check_ring_bytes` compares an answer with bytes measured on the sockets.
 """
 from __future__ import annotations
@@ -17,11 +19,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.checks import is_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
+from course_lib.data_parallel.buckets import DEFAULT_CAP_BYTES, OverlappedDDP
 from course_lib.data_parallel.by_hand import max_diff
+from course_lib.data_parallel.ddp_internals import BucketLog, recording_allreduce_hook
 from course_lib.exercises import Feedback, check_number
 from course_lib.launcher.launch import run
 
-__all__ = ["check_average_gradients", "check_ring_bytes"]
+__all__ = ["check_average_gradients", "check_make_buckets", "check_ring_bytes"]
 
 
 def _check_rank(fn: Callable[[nn.Module], None], seed: int) -> dict:
@@ -84,6 +88,98 @@ def check_average_gradients(fn: Callable[[nn.Module], None], world: int = 3,
         return False, (f"rank {rank}'s gradients differ from DDP's averaged ones (did you divide "
                        "by dist.get_world_size(), not a fixed number?).")
     return True, f"your averaged gradients equal torch DDP's on all {world} ranks."
+
+
+def _bucket_problem(buckets: object, params: list[torch.Tensor]) -> str | None:
+    """What makes ``buckets`` unusable (not a list of lists of the params, a param twice)."""
+    if not isinstance(buckets, (list, tuple)) or not all(isinstance(b, (list, tuple))
+                                                         for b in buckets):
+        return (f"return a list of buckets, each a list of parameters (got "
+                f"{type(buckets).__name__}).")
+    ids, seen = {id(p) for p in params}, set()
+    for i, bucket in enumerate(buckets):
+        for p in bucket:
+            if id(p) not in ids:
+                return (f"bucket {i} holds something that is not one of the parameters you were "
+                        "given (put the parameters themselves in, not copies).")
+            if id(p) in seen:
+                return f"a parameter is in two buckets (the second is bucket {i})."
+            seen.add(id(p))
+    return None
+
+
+def _buckets_rank(fn: Callable, cap_bytes: int, seed: int) -> dict:
+    """On each rank: DDP's own buckets (after its rebuild), then the learner's, and the grads."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    model = GPT(get_config("tiny"))
+    reference = DDP(copy.deepcopy(model), bucket_cap_mb=cap_bytes / 2 ** 20)
+    log = BucketLog()
+    reference.register_comm_hook(log, recording_allreduce_hook)
+    inputs, targets = get_batch(2, 16, seed=seed, rank=rank, world_size=world)
+    for _ in range(2):                # DDP rebuilds its buckets in backward's order after step 1
+        log.start()
+        reference.zero_grad(set_to_none=True)
+        GPT.loss(reference(inputs), targets).backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    buckets = fn(list(model.parameters()), cap_bytes)
+    hand = OverlappedDDP(buckets)
+    GPT.loss(model(inputs), targets).backward()
+    hand.finish()
+    ddp = dict(reference.module.named_parameters())
+    return {"layout": [(len(b), sum(p.numel() * p.element_size() for p in b)) for b in buckets],
+            "ddp": [(r["n_tensors"], r["nbytes"]) for r in log.records],
+            "first": [names[id(p)] for p in buckets[0]] if buckets else [],
+            "wrong": [n for n, p in model.named_parameters()
+                      if not _close({n: p.grad}, {n: ddp[n].grad})]}
+
+
+def check_make_buckets(fn: Callable, world: int = 2, cap_bytes: int = DEFAULT_CAP_BYTES,
+                       seed: int = 0) -> tuple[bool, str]:
+    """Run hand-bucketed DDP with the learner's ``fn(params, cap_bytes)`` on real ranks.
+
+    Returns ``(passed, message)``. Passes when every gradient equals torch DDP's average and the
+    buckets are the ones DDP itself builds with ``bucket_cap_mb = cap_bytes / 2**20`` (read by a
+    communication hook after DDP's rebuild): as many tensors and bytes each, in the same order.
+    """
+    if not callable(fn):
+        raise TypeError(f"pass your function itself (make_buckets, no parentheses), "
+                        f"got {type(fn).__name__}")
+    if not is_int(world) or world < 2:
+        raise ValueError(f"world must be an integer >= 2, got {world!r}")
+    with torch.device("meta"):
+        params = list(GPT(get_config("tiny")).parameters())
+    buckets = fn(params, cap_bytes)  # here first: a malformed answer fails before any process
+    problem = _bucket_problem(buckets, params)
+    if problem:
+        return False, problem
+    results = run(_buckets_rank, world, fn, cap_bytes, seed, device="cpu", threads=1)
+    bucketed = {id(p) for b in buckets for p in b}
+    left = [p for p in params if id(p) not in bucketed]
+    res = results[0]
+    if left:
+        wrong = sum(len(r["wrong"]) for r in results) // world
+        return False, (f"{len(left)} of {len(params)} parameters are in no bucket: no hook "
+                       f"launches their all-reduce, and on {world} real ranks {wrong} gradients "
+                       "still differ from DDP's averages after finish().")
+    if any(r["wrong"] for r in results):
+        return False, (f"the gradients of {len(res['wrong'])} parameters (e.g. {res['wrong'][0]}) "
+                       "differ from DDP's averaged ones.")
+    if res["layout"] == res["ddp"]:
+        return True, (f"your {len(res['layout'])} buckets are the ones DDP builds itself (as many "
+                      f"tensors and bytes each, in the same order) and the gradients equal DDP's "
+                      f"on {world} ranks.")
+    if res["first"] and res["first"][0] == "tok_emb.weight":
+        return False, ("your first bucket starts with tok_emb.weight, whose gradient backward "
+                       "produces last: that bucket could only be sent once backward is over. "
+                       "(The gradients are right; the overlap is lost.)")
+    for i, (mine, theirs) in enumerate(zip(res["layout"], res["ddp"])):
+        if mine != theirs:
+            return False, (f"bucket {i} holds {mine[0]} tensors ({mine[1]:,} bytes), DDP's "
+                           f"{theirs[0]} ({theirs[1]:,} bytes): DDP closes a bucket once it "
+                           "holds at least cap_bytes, and never splits a tensor.")
+    return False, (f"you made {len(res['layout'])} buckets, DDP {len(res['ddp'])} with the same "
+                   "cap.")
 
 
 def check_ring_bytes(answer: object, n_params: int, world: int,

@@ -33,7 +33,7 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import STATES_PER_PARAM
 
 __all__ = ["STAGES", "paper_bytes", "ideal_bytes", "param_shapes", "zero1_assignment", "fsdp_rows",
-           "per_rank_bytes", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
+           "per_rank_bytes", "flat_zero_bytes", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
 
 #: Strategy name -> ZeRO stage (0 = plain data parallelism).
 STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
@@ -128,6 +128,27 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
                    "unsharded_params": full if strategy == "zero2" else 0}
             row["model_states_fwd"] = row["params"] + row["optimizer"] + row["unsharded_params"]
         row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
+        out.append(row)
+    return out
+
+
+def flat_zero_bytes(n_params: int, stage: int, world: int) -> list[dict[str, int]]:
+    """Each rank's bytes after a step of chapter 3's ZeRO by hand (``sharding.zero_by_hand``).
+
+    One flat fp32 buffer padded to ``N`` shards of ``s = ceil(Ψ/N)``: params ``4·N·s`` on every
+    rank; gradients ``4·N·s`` under ZeRO-1 (the whole all-reduced sum is kept), ``4·s`` under
+    ZeRO-2 (the reduce-scattered shard); Adam 8 bytes per element of the rank's real shard plus
+    its 4-byte ``step``. With ``N`` dividing Ψ: :func:`ideal_bytes` + 4.
+    """
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    size = -(-n_params // world)
+    out = []
+    for rank in range(world):
+        real = max(0, min(size, n_params - rank * size))
+        row = {"params": 4 * size * world, "grads": 4 * size * (world if stage == 1 else 1),
+               "optimizer": 8 * real + 4}
+        row["model_states"] = sum(row.values())
         out.append(row)
     return out
 
