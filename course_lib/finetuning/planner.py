@@ -113,28 +113,32 @@ def _summary(rep) -> dict[str, int]:
 
 
 def measure_method(config: GPTConfig, method: str, n_gpus: int, shape: tuple[int, int],
-                   r: int = 16) -> dict[str, int]:
+                   r: int = 16, recompute: str = "none") -> dict[str, int]:
     """Per-GPU bytes (``weights``, ``grads``, ``optimizer``, ``activations``, ``peak``) of one method,
-    measured on fake tensors at the config's full depth (rank 0 for the distributed ones)."""
+    measured on fake tensors at the config's full depth (rank 0 for the distributed ones).
+    ``recompute`` (full fine-tuning only): chapter 1's activation recomputation of the blocks."""
     if method in FULL_STRATEGIES:
         rep = measure_distributed(config, shape, strategy=method, nprocs=n_gpus, precision="amp",
-                                  fake=True, ranks=[0])[0]
+                                  fake=True, ranks=[0], recompute=recompute)[0]
     else:
         rep = measure_finetune(config, shape, method, r=r, fake=True)
     return _summary(rep)
 
 
-def _cached(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int) -> dict[str, int]:
-    key = (config, method, n_gpus, shape, r)
+def _cached(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int,
+            recompute: str = "none") -> dict[str, int]:
+    recompute = recompute if method in FULL_STRATEGIES else "none"
+    key = (config, method, n_gpus, shape, r) + ((recompute,) if recompute != "none" else ())
     if key not in cache:
-        cache[key] = measure_method(config, method, n_gpus, shape, r)
+        cache[key] = measure_method(config, method, n_gpus, shape, r, recompute)
     return cache[key]
 
 
-def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int) -> tuple[dict, str]:
+def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int,
+            recompute: str = "none") -> tuple[dict, str]:
     low, high = _PROBE_LAYERS[method]
-    a = _cached(cache, config.replace(n_layer=low), method, n_gpus, shape, r)
-    b = _cached(cache, config.replace(n_layer=high), method, n_gpus, shape, r)
+    a = _cached(cache, config.replace(n_layer=low), method, n_gpus, shape, r, recompute)
+    b = _cached(cache, config.replace(n_layer=high), method, n_gpus, shape, r, recompute)
     out = {k: a[k] + (b[k] - a[k]) * (config.n_layer - low) for k in _KEYS}
     source = f"fake, {low}+{high} layers → {config.n_layer}"
     if method == "zero1":  # greedy whole-tensor shares: take rank 0's optimizer share from the formula
@@ -176,17 +180,21 @@ def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
 def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus: int = 8,
          seq_len: int = 2048, micro_batch: int = 1, r: int = 16, tokens: float = 100e6,
          depth: str = "auto", methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS,
-         cache: dict | None = None, **assumptions: float) -> Plan:
+         cache: dict | None = None, recompute: str = "none", **assumptions: float) -> Plan:
     """Full fine-tuning (4 strategies on ``n_gpus``) vs LoRA / QLoRA (1 GPU): per-GPU bytes, fits, cost.
 
     ``model``: a :class:`GPTConfig` or preset name (a longer ``seq_len`` than the config's
     extends its position table). ``r``: LoRA rank (adapters on qkv, attn.proj, mlp.fc, mlp.proj).
     ``tokens``: fine-tuning tokens for the cost. ``depth``: ``"full"`` measures at full depth,
     ``"probe"`` at two small depths (extrapolated), ``"auto"`` probes above 4 layers. ``methods``: a
-    subset of the rows (each costs fake runs). Keyword
+    subset of the rows (each costs fake runs). ``recompute``: ``"none"``, ``"selective"`` or
+    ``"full"`` activation recomputation for the full fine-tuning rows (chapter 1; the adapter
+    rows are measured without it). Keyword
     overrides of :data:`ASSUMPTIONS`: ``tflops``, ``mfu``, ``usd_per_gpu_hour``, ``usable_fraction``.
     """
     config = _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     unknown = set(assumptions) - set(ASSUMPTIONS)
     if unknown:
         raise ValueError(f"unknown assumptions {sorted(unknown)}; choose from {sorted(ASSUMPTIONS)}")
@@ -209,11 +217,15 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
             gpus = n_gpus if method in FULL_STRATEGIES else 1
             with _gc_paused():
                 if probe and config.n_layer > _PROBE_LAYERS[method][1]:
-                    per_gpu, source = _probed(cache, config, method, gpus, shape, r)
+                    per_gpu, source = _probed(cache, config, method, gpus, shape, r, recompute)
                 else:
-                    per_gpu = _cached(cache, config, method, gpus, shape, r)
+                    per_gpu = _cached(cache, config, method, gpus, shape, r, recompute)
                     source = "fake, full depth"
-            flops = (6 if method in FULL_STRATEGIES else 4) * n * a["tokens"]
+                if recompute != "none" and method in FULL_STRATEGIES:
+                    source += f"; recompute={recompute}"
+            # full recomputation runs each block's forward once more: 8·N instead of 6·N
+            full = 8 if recompute == "full" else 6
+            flops = (full if method in FULL_STRATEGIES else 4) * n * a["tokens"]
             gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
             out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
                                     gpu_hours * a["usd_per_gpu_hour"], source))

@@ -68,6 +68,23 @@ def test_bad_inputs_raise_clear_errors():
         plan("tiny", price=3)
     with pytest.raises(ValueError, match="depth must be"):
         plan("tiny", depth="deep")
+    with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'"):
+        plan("tiny", recompute="some")
+
+
+def test_full_recomputation_makes_a_7b_fsdp_plan_fit_and_costs_a_third_more_compute():
+    cache = {}
+    stored = plan("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache)
+    recomputed = plan("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache,
+                      recompute="full")
+    before, after = stored.row("fsdp"), recomputed.row("fsdp")
+    assert not before.fits and after.fits               # 8 sequences of 2048 tokens per GPU
+    assert after.bytes["activations"] < before.bytes["activations"] / 5
+    for key in ("weights", "grads", "optimizer"):      # model states do not change
+        assert after.bytes[key] == before.bytes[key]
+    assert after.gpu_hours == pytest.approx(before.gpu_hours * 8 / 6)
+    assert "recompute=full" in after.source
+    assert recomputed.row("lora").bytes == stored.row("lora").bytes   # adapters: not applied
 
 
 def test_exercise_checks_fail_on_wrong_and_pass_on_solution():
