@@ -47,18 +47,18 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from course_lib.common.checks import is_int, non_negative_int
-from course_lib.fault_tolerance.checkpoint_safe import (SafeLoadPlanner, SafeReader,
-                                                        UnsafeCheckpointError, read_metadata)
+from course_lib.fault_tolerance.checkpoint_safe import UnsafeCheckpointError, read_metadata
+from course_lib.fault_tolerance.commit import (MARKER, load_committed, publish, save_sharded,
+                                               write_atomic)
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
 
-MANIFEST = "manifest.json"
+MANIFEST = MARKER  # the commit marker (commit.py) holds the manifest
 FORMAT = "course_lib.checkpoint/1"  # a data format name, not a module path: keep it
 _COMMITTED = re.compile(r"^step_(\d{6,})$")
 
@@ -80,25 +80,6 @@ def _rank_world() -> tuple[int, int]:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _sha256(path: Path) -> str:
@@ -138,8 +119,8 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written attempt at this same step
         tmp.mkdir()
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    shapes = _shapes(get_state_dict(model, optimizer)[0])
+    save_sharded(tmp, model, optimizer)  # commit.py: DCP, every rank its own shards
     extra = {"step": step, "rank": rank, "torch_rng": torch.get_rng_state(),
              "python_rng": random.getstate()}
     extra_path = tmp / f"rank{rank}.pt"
@@ -153,15 +134,13 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
     if rank == 0:
         files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
         manifest = {"format": FORMAT, "step": step, "world_size": world, "meta": meta,
-                    "model_shapes": _shapes(model_sd), "optimizer": type(optimizer).__name__,
+                    "model_shapes": shapes, "optimizer": type(optimizer).__name__,
                     "files": {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
                               for p in files}}
-        _write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():  # same step committed before (a resumed run redoing it)
             shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        _write_atomic(root / "latest", name + "\n")
+        publish(tmp, final, json.dumps(manifest, indent=1))  # commit.py: marker, rename
+        write_atomic(root / "latest", name + "\n")
         if keep is not None:
             _prune(root, keep, step)
     _barrier()
@@ -267,8 +246,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     except Exception as exc:  # a garbage pickle can raise almost anything
         raise CheckpointError(f"{path.name}: unreadable .metadata ({type(exc).__name__}: {exc})"
                               ) from None
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    mine, saved = _shapes(model_sd), manifest["model_shapes"]
+    mine, saved = _shapes(get_state_dict(model, optimizer)[0]), manifest["model_shapes"]
     for key in sorted(set(mine) | set(saved)):
         if mine.get(key) != saved.get(key):
             raise CheckpointError(f"{path.name}: foreign checkpoint: parameter {key!r} has shape "
@@ -277,10 +255,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     if manifest["optimizer"] != type(optimizer).__name__:
         raise CheckpointError(f"{path.name}: foreign checkpoint: optimizer "
                               f"{manifest['optimizer']}, expected {type(optimizer).__name__}")
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    load_committed(path, model, optimizer)  # commit.py: DCP, resharding, no code run
     if manifest["world_size"] == world:
         extra = torch.load(path / f"rank{rank}.pt", weights_only=True)
         torch.set_rng_state(extra["torch_rng"])

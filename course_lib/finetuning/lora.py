@@ -9,7 +9,7 @@ Chapter 7 (``07_before_you_distribute``) asks whether a model needs distributing
 
 ``B`` starts at zero, so training starts from exactly the base model; ``A`` is random
 (Kaiming-uniform, as in the paper's reference code). The update is mathematically the dense
-weight ``W + (alpha/r)·B·A`` (:meth:`LoRALinear.merged_weight`), which the tests use as the
+weight ``W + (alpha/r)·B·A`` (:func:`merge_lora`), which the tests use as the
 reference: same forward, and autograd through the merged weight gives the same gradients of
 ``A`` and ``B``. Only ``A`` and ``B`` get gradients and Adam states, so those shrink to the
 adapter's size; the activations do **not** shrink — backward still needs every layer's input
@@ -35,53 +35,24 @@ from torch import nn
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config
 
-__all__ = ["DEFAULT_TARGETS", "LoRALinear", "add_lora", "lora_layers", "trainable_parameters",
-           "lora_param_count", "lora_state_bytes", "merged_reference_check"]
+__all__ = ["DEFAULT_TARGETS", "LoRALinear", "add_lora", "merge_lora", "lora_layers",
+           "trainable_parameters", "lora_param_count", "lora_state_bytes", "merged_reference_check",
+           "validate_lora_rank", "validate_targets"]
 
 #: The linears of each block of :class:`course_lib.common.models.GPT` that get adapters by default.
 DEFAULT_TARGETS = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
 _ALL_TARGETS = DEFAULT_TARGETS
 
 
-class LoRALinear(nn.Module):
-    """``base(x) + (alpha/r) · (x Aᵀ) Bᵀ`` with ``base`` frozen and ``A``, ``B`` trainable."""
-
-    def __init__(self, base: nn.Module, r: int = 8, alpha: float = 16.0,
-                 dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        _check_rank(r, alpha)
-        self.base, self.r, self.scale = base, r, alpha / r
-        for p in base.parameters():
-            p.requires_grad_(False)
-        self.A = nn.Parameter(torch.empty(r, base.in_features, dtype=dtype))
-        self.B = nn.Parameter(torch.zeros(base.out_features, r, dtype=dtype))
-        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # like nn.Linear's weight init
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x Aᵀ first: an (…, r) tensor, so the update never builds an out × in matrix
-        return self.base(x) + self.scale * F.linear(F.linear(x, self.A), self.B)
-
-    def merged_weight(self) -> torch.Tensor:
-        """The dense weight this layer is equivalent to: ``W + (alpha/r)·B·A`` (fp32)."""
-        base_w = self.base.dequantize() if hasattr(self.base, "dequantize") else self.base.weight
-        return base_w.float() + self.scale * (self.B.float() @ self.A.float())
-
-
-def _check_rank(r: int, alpha: float) -> None:
+def validate_lora_rank(r: int, alpha: float) -> None:
+    """Clear errors for a rank that is not a positive integer or a non-positive alpha."""
     positive_int(r, "LoRA rank r")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}")
 
 
-def _check_targets(targets: Sequence[str]) -> tuple[str, ...]:
+def validate_targets(targets: Sequence[str]) -> tuple[str, ...]:
+    """The ``targets`` as a tuple, if they are a non-empty subset of the GPT block's linears."""
     targets = tuple(targets)
     bad = [t for t in targets if t not in _ALL_TARGETS]
     if not targets or bad:
@@ -89,21 +60,57 @@ def _check_targets(targets: Sequence[str]) -> tuple[str, ...]:
     return targets
 
 
-def add_lora(model: nn.Module, r: int = 8, alpha: float = 16.0,
-             targets: Sequence[str] = DEFAULT_TARGETS) -> nn.Module:
+class LoRALinear(nn.Module):
+    """``base(x) + (alpha/r) · (x Aᵀ) Bᵀ`` with ``base`` frozen and ``A``, ``B`` trainable."""
+
+    def __init__(self, base, r=8, alpha=16.0, dtype=torch.float32):
+        super().__init__()
+        validate_lora_rank(r, alpha)
+        self.base, self.r, self.scale = base, r, alpha / r
+        for p in base.parameters():
+            p.requires_grad_(False)                   # the base is frozen
+        self.A = nn.Parameter(torch.empty(r, base.in_features, dtype=dtype))
+        self.B = nn.Parameter(torch.zeros(base.out_features, r, dtype=dtype))  # B·A = 0 at first
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # like nn.Linear's weight init
+
+    @property
+    def in_features(self):
+        return self.base.in_features
+
+    @property
+    def out_features(self):
+        return self.base.out_features
+
+    def forward(self, x):
+        # x Aᵀ first: an (…, r) tensor, so the update never builds an out × in matrix
+        return self.base(x) + self.scale * F.linear(F.linear(x, self.A), self.B)
+
+
+def merge_lora(layer: LoRALinear) -> torch.Tensor:
+    """The dense weight a :class:`LoRALinear` is equivalent to: ``W + (alpha/r)·B·A`` (fp32).
+
+    Merged, the adapter costs nothing at inference (peft's ``merge_and_unload``); the layer
+    itself is left unchanged.
+    """
+    base_w = layer.base.dequantize() if hasattr(layer.base, "dequantize") else layer.base.weight
+    return base_w.detach().float() + layer.scale * (layer.B.detach().float()
+                                                    @ layer.A.detach().float())
+
+
+def add_lora(model, r=8, alpha=16.0, targets=DEFAULT_TARGETS):
     """Freeze every parameter of a GPT and wrap the ``targets`` linears of each block (in place).
 
     Returns the model. Adapters are fp32 whatever the base dtype (as peft does); ``A`` is drawn
     from torch's global generator, so seed it for reproducible runs.
     """
-    _check_rank(r, alpha)
-    targets = _check_targets(targets)
+    validate_lora_rank(r, alpha)
+    targets = validate_targets(targets)
     if not hasattr(model, "blocks"):
         raise TypeError(f"add_lora expects a course GPT (with .blocks), got {type(model).__name__}")
     for p in model.parameters():
-        p.requires_grad_(False)
+        p.requires_grad_(False)                       # the whole base model is frozen ...
     for block in model.blocks:
-        for target in targets:
+        for target in targets:                        # ... the new A and B train
             parent_name, child_name = target.split(".")
             parent = getattr(block, parent_name)
             child = getattr(parent, child_name)
@@ -128,10 +135,10 @@ def lora_param_count(config: GPTConfig | str, r: int, targets: Sequence[str] = D
 
     For width h: qkv r·(h + 3h), attn.proj r·2h, mlp.fc r·5h, mlp.proj r·5h.
     """
-    _check_rank(r, 1.0)
+    validate_lora_rank(r, 1.0)
     h = get_config(config).d_model
     in_out = {"attn.qkv": (h, 3 * h), "attn.proj": (h, h), "mlp.fc": (h, 4 * h), "mlp.proj": (4 * h, h)}
-    per_block = sum(r * sum(in_out[t]) for t in _check_targets(targets))
+    per_block = sum(r * sum(in_out[t]) for t in validate_targets(targets))
     return get_config(config).n_layer * per_block
 
 

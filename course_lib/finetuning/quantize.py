@@ -3,7 +3,8 @@
 Chapter 7 (``07_before_you_distribute``). A frozen base weight never receives gradients or
 optimizer states, so the only thing it costs is its storage — and storage can be compressed:
 
-* **int8, per-channel absmax** (:func:`quantize_int8`): every output row ``i`` gets a scale
+* **int8, per-channel absmax** (:func:`absmax_int8`, :func:`dequantize_int8`; the notebook types
+  them in a cell): every output row ``i`` gets a scale
   ``s_i = max|W_i| / 127`` and ``q = round(W / s_i)`` in ``[-127, 127]``. Stored: ``out·in``
   bytes + 4 B per row. Error per element ≤ ``s_i / 2``.
 * **4-bit, block-wise** (:func:`quantize_4bit`): the weight is cut into blocks of ``block``
@@ -36,7 +37,8 @@ from torch import nn
 
 from course_lib.common.checks import is_int
 
-__all__ = ["NF4_CODES", "INT4_CODES", "QuantizedWeight", "quantize_int8", "quantize_4bit",
+__all__ = ["NF4_CODES", "INT4_CODES", "QuantizedWeight", "absmax_int8", "dequantize_int8",
+           "quantize_int8", "quantize_4bit",
            "quantize", "stored_bytes", "formula_bytes", "error_bound", "QuantLinear",
            "quantize_model", "KINDS"]
 
@@ -64,7 +66,7 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The full weight again (``shape``, ``dtype``): only approximately the original."""
         if self.kind == "int8":
-            return (self.data.to(torch.float32) * self.scales[:, None]).to(dtype)
+            return dequantize_int8(self.data, self.scales).to(dtype)
         codes = torch.tensor(_CODES[self.kind], dtype=torch.float32, device=self.data.device)
         high, low = self.data >> 4, self.data & 0x0F   # two indices per byte
         idx = torch.stack([high, low], dim=-1).flatten().long()
@@ -77,12 +79,23 @@ def _check_weight(w: torch.Tensor) -> None:
         raise ValueError("quantization expects a 2-D floating-point weight (out_features, in_features)")
 
 
+def absmax_int8(w):
+    """Per output row: scale = max|w_row| / 127, q = round(w / scale) in [-127, 127], int8."""
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127   # the row's largest |w| -> 127
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def dequantize_int8(q, scales):
+    """Back to fp32: each int8 value times its row's scale (off by at most scale / 2)."""
+    return q.to(torch.float32) * scales[:, None]
+
+
 def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
-    """Per-output-channel absmax int8: ``q = round(W / s)``, ``s = max|W_row| / 127``."""
+    """Per-output-channel absmax int8 (:func:`absmax_int8`) as a :class:`QuantizedWeight`."""
     _check_weight(w)
     w = w.detach().float()
-    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    q, scales = absmax_int8(w)
     return QuantizedWeight("int8", q, scales, tuple(w.shape))
 
 
