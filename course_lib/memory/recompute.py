@@ -57,18 +57,22 @@ def tradeoff(config, shapes: list[tuple[int, int]], modes: tuple[str, ...] = REC
 
     ``extra_forwards`` is the measured extra time of forward + backward over ``"none"`` at the
     same shape, in units of that shape's forward: about 1 for ``"full"``, small for ``"selective"``.
+    ``repeats=0`` measures bytes only (no timing keys): what a notebook may store as output.
     """
     rows = []
     for shape in shapes:
-        times = {m: time_step(config, shape, m, precision, repeats) for m in dict.fromkeys(("none", *modes))}
-        base = times["none"]
+        times = {m: time_step(config, shape, m, precision, repeats)
+                 for m in dict.fromkeys(("none", *modes))} if repeats else {}
         for mode in modes:
             report = measure_step(config, shape, precision=precision, recompute=mode)
-            rows.append({"batch": shape[0], "seq_len": shape[1], "recompute": mode,
-                         "activations": report["activations"],
-                         "activations_predicted": predict.activation_bytes(config, *shape, precision, mode),
-                         "peak": report["peak"],
-                         "peak_predicted": predict.peak_bytes(config, *shape, precision, "adam", mode),
-                         **times[mode],
-                         "extra_forwards": (times[mode]["step_s"] - base["step_s"]) / base["forward_s"]})
+            row = {"batch": shape[0], "seq_len": shape[1], "recompute": mode,
+                   "activations": report["activations"],
+                   "activations_predicted": predict.activation_bytes(config, *shape, precision, mode),
+                   "peak": report["peak"],
+                   "peak_predicted": predict.peak_bytes(config, *shape, precision, "adam", mode)}
+            if times:
+                base = times["none"]
+                row.update(**times[mode], extra_forwards=(times[mode]["step_s"] - base["step_s"])
+                           / base["forward_s"])
+            rows.append(row)
     return rows

@@ -2,7 +2,9 @@
 
 Each figure function returns the ``Figure`` (in a notebook assign it, ``fig = plot_...``, and
 the inline backend shows it once). :func:`memory_explorer` (tests call it) measures one training
-step of a preset and predicts it; :func:`memory_widget` puts dropdowns in front of it.
+step of a preset and predicts it, in any precision and recompute mode; :func:`inference_explorer`
+measures one forward of the same preset (the widget's inference row); :func:`memory_widget`
+puts dropdowns in front of them.
 """
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from course_lib.common.models import PRESETS, get_config
+from course_lib.common.models import PRESETS, RECOMPUTE, get_config
 from course_lib.display import COLORS, DPI, FIGSIZE
 from course_lib.memory import predict
-from course_lib.memory.report import MemoryReport
-from course_lib.memory.tracker import measure_step
+from course_lib.memory.report import MemoryReport, format_bytes
+from course_lib.memory.tracker import measure_inference, measure_step
 
 __all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_scaling",
-           "plot_recompute", "memory_explorer", "show_memory_explorer", "memory_widget"]
+           "plot_recompute", "memory_explorer", "inference_explorer", "training_vs_inference",
+           "show_memory_explorer", "memory_widget"]
 
 _STACK = tuple(COLORS)
 
@@ -117,60 +120,78 @@ _INTERACTIVE = ("tiny", "small", "medium")
 
 def plot_recompute(config, rows: Sequence[Mapping], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                    seq_len: int = 64, precision: str = "fp32") -> Figure:
-    """Recompute instead of store. Left: peak bytes over the batch size per mode (lines:
-    :func:`~course_lib.memory.predict.peak_bytes`; dots: measured ``rows`` of
-    :func:`course_lib.memory.recompute.tradeoff`). Right: measured seconds of forward + backward."""
+    """Recompute instead of store: activations (left) and peak (right) over the batch size, one
+    colour per mode. Lines: :mod:`~course_lib.memory.predict`; dots: the measured ``rows`` of
+    :func:`course_lib.memory.recompute.tradeoff` at ``seq_len``. Bytes only: times depend on the
+    machine and are printed, not drawn into a stored figure."""
     modes = list(dict.fromkeys(r["recompute"] for r in rows))
     colors = dict(zip(("none", "selective", "full"), (COLORS["activations"], COLORS["optimizer"],
                                                         COLORS["params"])))
-    peaks = {m: [predict.peak_bytes(config, b, seq_len, precision, "adam", m) for b in batch_sizes]
-             for m in modes}
-    unit, scale = _unit(max(max(v) for v in peaks.values()))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), dpi=DPI)
-    for m in modes:
-        left.plot(batch_sizes, [p / scale for p in peaks[m]], color=colors[m], label=f"{m} (predicted)")
-        mine = [r for r in rows if r["recompute"] == m and r["seq_len"] == seq_len]
-        left.scatter([r["batch"] for r in mine], [r["peak"] / scale for r in mine], color=colors[m],
-                     zorder=3)
-    left.set_xlabel(f"batch size (seq_len {seq_len})")
-    left.set_ylabel(f"peak ({unit}); dots measured")
-    left.legend(fontsize=8)
-    labels = [f"{m}\nb={r['batch']}" for r in rows for m in [r["recompute"]]]
-    right.bar(labels, [r["step_s"] * 1e3 for r in rows], color=[colors[r["recompute"]] for r in rows])
-    right.set_ylabel("forward + backward (ms, this machine)")
-    right.tick_params(axis="x", labelsize=7)
+    lines = {"activations": lambda m, b: predict.activation_bytes(config, b, seq_len, precision, m),
+             "peak": lambda m, b: predict.peak_bytes(config, b, seq_len, precision, "adam", m)}
+    fig, axes = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), dpi=DPI)
+    for ax, (key, predicted) in zip(axes, lines.items()):
+        curves = {m: [predicted(m, b) for b in batch_sizes] for m in modes}
+        unit, scale = _unit(max(max(v) for v in curves.values()))
+        for m in modes:
+            ax.plot(batch_sizes, [p / scale for p in curves[m]], color=colors[m], label=f"{m} (predicted)")
+            mine = [r for r in rows if r["recompute"] == m and r["seq_len"] == seq_len]
+            ax.scatter([r["batch"] for r in mine], [r[key] / scale for r in mine], color=colors[m],
+                       edgecolor="black", zorder=3)
+        ax.set_xlabel(f"batch size (seq_len {seq_len})")
+        ax.set_ylabel(f"{key} ({unit}); dots measured")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def memory_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,
-                    precision: str = "fp32", optimizer: str = "adam",
-                    attention: str = "sdpa") -> tuple[MemoryReport, dict[str, int]]:
+                    precision: str = "fp32", optimizer: str = "adam", attention: str = "sdpa",
+                    recompute: str = "none") -> tuple[MemoryReport, dict[str, int]]:
     """Measure two real training steps of a preset and predict them: ``(report, predicted)``."""
     config = get_config(preset).replace(attention=attention)
-    report = measure_step(config, (batch_size, seq_len), precision=precision, optimizer=optimizer)
-    return report, predict.predict_step(config, batch_size, seq_len, precision, optimizer)
+    report = measure_step(config, (batch_size, seq_len), precision=precision, optimizer=optimizer,
+                          recompute=recompute)
+    return report, predict.predict_step(config, batch_size, seq_len, precision, optimizer, recompute)
+
+
+def inference_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,
+                       precision: str = "fp32", attention: str = "sdpa") -> MemoryReport:
+    """Measure one forward of the same preset and batch under ``no_grad``: the inference row."""
+    config = get_config(preset).replace(attention=attention)
+    return measure_inference(config, (batch_size, seq_len), precision=precision)
+
+
+def training_vs_inference(training: MemoryReport, inference: MemoryReport) -> str:
+    """Two rows and a ratio: the peak of a training step against the peak of one forward."""
+    weights = predict.inference_bytes(inference.n_params, inference.info["precision"])
+    return (f"{'training peak':<16}{training['peak']:>14,} B{format_bytes(training['peak']):>12}\n"
+            f"{'inference peak':<16}{inference['peak']:>14,} B{format_bytes(inference['peak']):>12}"
+            f"   (weights alone: {weights:,} B)\n"
+            f"training needs {training['peak'] / inference['peak']:.1f}× the memory of inference")
 
 
 def show_memory_explorer(preset: str = "tiny", batch_size: int = 8, seq_len: int = 64,
                          precision: str = "fp32", optimizer: str = "adam",
-                         attention: str = "sdpa") -> None:
-    """Print the measured-vs-predicted table of :func:`memory_explorer` and draw its bars."""
-    import matplotlib.pyplot as plt
-
+                         attention: str = "sdpa", recompute: str = "none") -> None:
+    """Print the measured-vs-predicted table of :func:`memory_explorer`, the inference row
+    (:func:`training_vs_inference`) and draw the bars."""
     try:
-        report, predicted = memory_explorer(preset, batch_size, seq_len, precision, optimizer, attention)
+        report, predicted = memory_explorer(preset, batch_size, seq_len, precision, optimizer,
+                                            attention, recompute)
+        inference = inference_explorer(preset, batch_size, seq_len, precision, attention)
     except (ValueError, MemoryError) as err:  # e.g. seq_len longer than the preset allows
         print(f"{type(err).__name__}: {err}")
         return
     print(report.table(predicted))
-    plot_measured_vs_predicted(report, predicted, title=f"{preset}, {precision}, {optimizer}: "
-                               f"batch {batch_size} × {seq_len} tokens")
+    print(training_vs_inference(report, inference))
+    plot_measured_vs_predicted(report, predicted, title=f"{preset}, {precision}, {optimizer}, "
+                               f"recompute {recompute}: batch {batch_size} × {seq_len} tokens")
     plt.show()
 
 
 def memory_widget():
-    """Dropdowns and sliders over :func:`show_memory_explorer`; each change runs a measurement."""
+    """Dropdowns over :func:`show_memory_explorer`; each change runs a measurement."""
     import ipywidgets as w
 
     style = {"description_width": "initial"}
@@ -179,7 +200,8 @@ def memory_widget():
         preset=w.Dropdown(options=[p for p in PRESETS if p in _INTERACTIVE], value="tiny", style=style),
         batch_size=w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=8, style=style),
         seq_len=w.Dropdown(options=[16, 32, 64, 128, 256], value=64, style=style),
-        precision=w.Dropdown(options=list(predict.PRECISIONS), value="fp32", style=style),
+        precision=w.Dropdown(options=list(predict.ALL_PRECISIONS), value="fp32", style=style),
         optimizer=w.Dropdown(options=list(predict.OPTIMIZERS), value="adam", style=style),
         attention=w.Dropdown(options=["sdpa", "explicit"], value="sdpa", style=style),
+        recompute=w.Dropdown(options=list(RECOMPUTE), value="none", style=style),
     )

@@ -28,6 +28,7 @@ from course_lib.common.checks import batch_shape
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
+from course_lib.memory.census import census
 from course_lib.memory.mixed import MixedPrecisionAdam
 from course_lib.memory.report import MemoryReport, STATE_KEYS, categorize, format_bytes
 
@@ -83,9 +84,9 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
                   iterations: int = 2, autocast_dtype: torch.dtype | None = None) -> MemoryReport:
     """Run ``iterations`` training steps under ``tracker`` and report the last (steady) one.
 
-    Each step is ``zero_grad(set_to_none=True)``, forward + loss (under autocast when
-    ``autocast_dtype`` is set), backward, ``optimizer.step()``; a "current" snapshot is taken
-    after every phase. Without ``tracker`` a fresh ``MemTracker`` is made and the model,
+    The steps are chapter 1's :func:`~course_lib.memory.census.census`: ``zero_grad(set_to_none=True)``,
+    forward + loss (under autocast when ``autocast_dtype`` is set), backward, ``optimizer.step()``,
+    a "current" snapshot after every phase. Without ``tracker`` a fresh ``GlobalMemTracker`` is made and the model,
     optimizer and batch are registered with it; a given tracker (e.g. ``FSDPMemTracker(model,
     optimizer)`` in chapter 3) must already know them. On a GPU the report adds
     ``cuda_max_allocated``; note the tracker rounds every CUDA storage up to 512 bytes, so small
@@ -94,7 +95,6 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
     if iterations < 2:
         raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
     inputs, targets = batch
-    loss_fn = loss_fn or default_loss
     device = next(model.parameters()).device
     if tracker is None:
         tracker = GlobalMemTracker()
@@ -103,22 +103,10 @@ def tracked_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
     on_cuda = device.type == "cuda" and not isinstance(inputs, FakeTensor)
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    timeline: list[tuple[str, dict[str, int]]] = []
-    with tracker:
-        timeline.append(("start", categorize(tracker.get_tracker_snapshot())))
-        for it in range(1, iterations + 1):
-            tracker.reset_mod_stats()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
-                                enabled=autocast_dtype is not None):
-                loss = loss_fn(model(inputs), targets)
-            timeline.append((f"{it} forward", categorize(tracker.get_tracker_snapshot())))
-            loss.backward()
-            del loss
-            timeline.append((f"{it} backward", categorize(tracker.get_tracker_snapshot())))
-            optimizer.step()
-            timeline.append((f"{it} step", categorize(tracker.get_tracker_snapshot())))
-    peak = categorize(tracker.get_tracker_snapshot("peak"))
+    snapshots, peak_snapshot = census(model, optimizer, batch, loss_fn or default_loss, tracker,
+                                      iterations, autocast_dtype)
+    timeline = [(phase, categorize(snapshot)) for phase, snapshot in snapshots]
+    peak = categorize(peak_snapshot)
     after_step, after_forward = timeline[-1][1], timeline[-3][1]
     measured = {key: after_step[key] for key in STATE_KEYS}
     measured["model_states"] = sum(measured.values())
