@@ -1,9 +1,55 @@
-"""Shared fixtures: a check that a test leaves no rank process behind."""
+"""Shared fixtures (no rank left behind) and the ``clock`` marker: tests whose outcome involves the
+wall clock, listed in one place so that CI can rerun exactly them on a loaded machine.
+
+A ``clock`` test has a deadline, a race, a signal, a kill at some moment, or a measured time in its
+assertion. All tests must pass on a busy 2-core machine; ``.ci/run`` proves it for these by running
+``pytest -m clock`` again while two busy loops occupy both cores (the rest only needs CPU time,
+which load delays but cannot change). ``tests/test_clock_marker.py`` checks that every entry names a
+test that exists.
+"""
 from __future__ import annotations
 
 import pytest
 
 from processes import rank_processes, wait_gone
+
+CLOCK = (
+    # the launcher: timeouts, Stop at random moments, kills, concurrent launches, torchrun agents
+    "tests/launcher/test_launch.py",
+    "tests/launcher/test_launch_big_results.py",
+    "tests/launcher/test_launch_children.py",
+    "tests/launcher/test_launch_interrupts.py",
+    "tests/launcher/test_progress.py",
+    "tests/launcher/test_torchrun.py",
+    # measured times in the assertion
+    "tests/communication/test_comm.py::test_benchmark_measures_every_collective",
+    "tests/communication/test_comm.py::test_compare_ring_reports_times_and_equal_results",
+    "tests/communication/test_comm.py::test_measured_all_reduce_rows_feed_the_fit",
+    "tests/communication/test_comm.py::test_scaling_rows_are_consistent",
+    "tests/communication/test_comm.py::test_core_wait_is_wall_minus_cpu_per_thread_and_the_table_labels_both_modes",
+    "tests/communication/test_comm.py::test_pinning_gives_each_rank_its_own_core",
+    "tests/communication/test_link_sweep.py::test_a_slow_link_stretches_the_step",
+    "tests/communication/test_link_sweep.py::test_each_throttled_step_is_within_the_stated_factor_of_alpha_beta",
+    "tests/pipeline_parallel/test_pipeline.py::test_measured_bubble_budget_is_consistent",
+    "tests/pipeline_parallel/test_torch_schedules.py::test_torch_schedule_equals_unsplit_model_and_measures_a_bubble",
+    # deadlines, and kills at a moment
+    "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
+    "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
+    "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
+    "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
+    "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "clock: the outcome involves the wall clock (see tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(item.nodeid == entry or item.nodeid.startswith(entry + "::")
+               or item.nodeid.startswith(entry + "[") for entry in CLOCK):
+            item.add_marker(pytest.mark.clock)
 
 
 @pytest.fixture

@@ -1,0 +1,32 @@
+"""The ``clock`` list in tests/conftest.py names tests that exist, so CI's loaded rerun is not empty."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("_tests_conftest", ROOT / "tests" / "conftest.py")
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
+
+
+def _tests_in(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+def test_every_clock_entry_names_an_existing_test_module_or_function():
+    missing = []
+    for entry in conftest.CLOCK:
+        file, _, name = entry.partition("::")
+        path = ROOT / file
+        if not path.is_file() or (name and name not in _tests_in(path)):
+            missing.append(entry)
+    assert missing == [], f"clock entries that name no test: {missing}"
+
+
+def test_clock_entries_cover_every_launcher_test_module():
+    modules = {f"tests/launcher/{p.name}" for p in (ROOT / "tests" / "launcher").glob("test_*.py")}
+    listed = {e for e in conftest.CLOCK if "::" not in e}
+    assert modules - {"tests/launcher/test_devices.py"} <= listed
