@@ -115,8 +115,8 @@ class WarmServer:
 
         All jobs are sent before the first pid is read, so the server forks back to back (and
         the first ranks start working while it forks the others). ``preimport`` names modules
-        the server imports first (once, then cached), so that a function shipped by reference
-        does not make every rank import its module again. Whatever interrupts the exchange half
+        the server imports first (once, then cached; see :func:`preimports_of`), so that no
+        rank imports them again. Whatever interrupts the exchange half
         way (an error, a second Stop) kills the server: its ranks then die through their
         lifelines, and the next call starts a fresh server instead of misreading this one.
         """
