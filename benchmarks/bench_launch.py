@@ -1,7 +1,7 @@
 """Launch overhead: course_lib.run (warm fork server) vs torchrun, for trivial work.
 
     python benchmarks/bench_launch.py [--ranks 4] [--repeats 30] [--torchrun-repeats 3]
-                                      [--phase-repeats 20] [--pause 0]
+                                      [--phase-repeats 20] [--pause 0] [--startup-repeats 2]
 
 Each launch starts N ranks, joins the process group, does one all_reduce and exits. Prints the
 median, p90 and max for both paths and the ratio (the foundation issue asks for a median
@@ -12,12 +12,17 @@ Then a phase breakdown: ``--phase-repeats`` more launches with ``run(..., report
 and for each moment the launcher and every rank record, its median time since ``run`` was
 called. Those launches also wait until the server has reaped every rank (to get the exit
 statuses), which the timed launches above do not: the last line shows what that would cost.
+
+Last, a notebook's start-up, each in a fresh process: ``import torch`` then ``warm_up()`` then
+the first ``run`` (the server imports torch after the kernel did), against ``warm_up(wait=False)``
+first (both import at once, on two cores): seconds until the first run returned.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,12 +70,28 @@ def timeline(reports: list[RunReport], ranks: int) -> list[str]:
     return lines
 
 
+STARTUP = {
+    "import torch; warm_up(); run": "import torch\nfrom course_lib import warm_up\nwarm_up()",
+    "warm_up(wait=False); import torch; run":
+        "from course_lib import warm_up\nwarm_up(wait=False)\nimport torch",
+}
+
+
+def startup_seconds(head: str, ranks: int) -> float:
+    """Seconds from a fresh interpreter's first line to its first run's return."""
+    code = (f"import time\nt0 = time.perf_counter()\n{head}\nfrom course_lib import run\n"
+            f"run(int, {ranks})\nprint(time.perf_counter() - t0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--torchrun-repeats", type=int, default=3)
     parser.add_argument("--phase-repeats", type=int, default=20)
+    parser.add_argument("--startup-repeats", type=int, default=2)
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds between launches (a notebook user pauses between cells)")
     opts = parser.parse_args()
@@ -114,6 +135,9 @@ def main() -> None:
               f"({load()})")
         ratio = statistics.median(slow) / statistics.median(fast)
         print(f"course_lib.run is {ratio:.0f}x faster than torchrun (median vs median)")
+    for label, head in STARTUP.items() if opts.startup_repeats > 0 else ():
+        times = [startup_seconds(head, opts.ranks) for _ in range(opts.startup_repeats)]
+        print(f"start-up to the first run, {label}: {stats(times)}  ({load()})")
     sys.exit(0)
 
 

@@ -36,6 +36,8 @@ import struct
 import subprocess
 import sys
 import threading
+import types
+from typing import Any, Callable
 
 _LEN = struct.Struct("!Q")
 _ANSWER = struct.Struct("!QQ")  # (job id, pid)
@@ -63,9 +65,14 @@ class WarmServer:
         self.proc, self.sock, self.owner_pid = proc, sock, os.getpid()
         self.lock = threading.Lock()
         self.next_id = 0
+        self.ready = False
+        self._greeting = b""  # what arrived of b"ready" so far (a Stop may cut the wait short)
 
     @classmethod
-    def start(cls) -> "WarmServer":
+    def start(cls, wait: bool = True) -> "WarmServer":
+        """Start the server process; with ``wait=False`` return while it still imports torch
+        (:meth:`wait_ready` before the first :meth:`fork`), so the caller's own imports overlap
+        with the server's on a second core."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from course_lib.launcher._warm import serve; serve({theirs.fileno()})"
         env = dict(os.environ)
@@ -74,16 +81,30 @@ class WarmServer:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
         theirs.close()
-        ours.settimeout(300)  # importing torch on a busy 2-core machine can take a while
+        server = cls(proc, ours)
+        if wait:
+            server.wait_ready()
+        return server
+
+    def wait_ready(self) -> None:
+        """Block until the server has imported torch and answered ``ready`` (once)."""
+        if self.ready:
+            return
+        self.sock.settimeout(300)  # importing torch on a busy 2-core machine can take a while
         try:
-            if _recv_exact(ours, 5) != b"ready":
-                raise EOFError
+            while len(self._greeting) < 5:
+                chunk = self.sock.recv(5 - len(self._greeting))
+                if not chunk:
+                    raise EOFError("warm server connection closed")
+                self._greeting += chunk
+            if self._greeting != b"ready":
+                raise EOFError(f"unexpected greeting {self._greeting!r}")
         except (EOFError, OSError) as exc:
-            proc.kill()
+            self.proc.kill()
             raise RuntimeError("the warm server did not start (see the kernel's log for its "
                                "error output)") from exc
-        ours.settimeout(60)  # no call below may wait forever on a stuck server
-        return cls(proc, ours)
+        self.sock.settimeout(60)  # no call below may wait forever on a stuck server
+        self.ready = True
 
     def alive(self) -> bool:
         return self.proc.poll() is None and self.owner_pid == os.getpid()
@@ -94,11 +115,12 @@ class WarmServer:
 
         All jobs are sent before the first pid is read, so the server forks back to back (and
         the first ranks start working while it forks the others). ``preimport`` names modules
-        the server imports first (once, then cached), so that a function shipped by reference
-        does not make every rank import its module again. Whatever interrupts the exchange half
+        the server imports first (once, then cached; see :func:`preimports_of`), so that no
+        rank imports them again. Whatever interrupts the exchange half
         way (an error, a second Stop) kills the server: its ranks then die through their
         lifelines, and the next call starts a fresh server instead of misreading this one.
         """
+        self.wait_ready()
         with self.lock:
             first = self.next_id
             self.next_id += len(jobs)
@@ -190,6 +212,34 @@ def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> 
         os.close(f)
     sock.sendall(_ANSWER.pack(job_id, pid))
     _reap(status_pipes)
+
+
+def preimports_of(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """Modules the warm server should import once, before forking, so no rank imports them.
+
+    For a by-reference function: its module. For a notebook function (shipped by value): the
+    ``course_lib`` modules of the globals its code names (``train_rank``, ``zero``...), which
+    unpickling would otherwise import in every rank (~0.1-1 s of CPU each)."""
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name or "")
+    if name not in (None, "__main__") and getattr(module, "__file__", None):
+        return (name,)
+    code, namespace = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or not isinstance(namespace, dict):
+        return ()
+    names, codes = set(), [code]
+    while codes:  # the function and the functions, lambdas and classes defined inside it
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    found = []
+    for value in (namespace[n] for n in sorted(names) if n in namespace):
+        used = value.__name__ if isinstance(value, types.ModuleType) else \
+            getattr(value, "__module__", None)
+        if isinstance(used, str) and used.startswith("course_lib.") and used not in found \
+                and getattr(sys.modules.get(used), "__file__", None):
+            found.append(used)
+    return tuple(found)
 
 
 def _preimport(names: tuple[str, ...], sys_path: list[str]) -> None:

@@ -18,8 +18,6 @@ import socket
 import sys
 from dataclasses import dataclass
 
-import torch
-
 from course_lib.common.checks import is_int
 
 BACKENDS = ("gloo", "nccl")
@@ -60,6 +58,8 @@ def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
 
 def gpu_count() -> int:
     """Number of CUDA GPUs visible to this process (0 without CUDA)."""
+    import torch  # here, not at the top: ``warm_up`` can start the server before torch loads
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -94,6 +94,8 @@ class Placement:
 
     def device_of(self, rank: int) -> torch.device:
         """The torch device rank ``rank`` computes on."""
+        import torch
+
         if self.device == "cpu":
             return torch.device("cpu")
         return torch.device("cuda", rank % gpu_count())
@@ -142,6 +144,8 @@ def plan(nprocs: int, backend: str | None = None, device: str | None = None,
 def describe() -> dict:
     """Facts for the environment check in chapter 00: cores, memory, GPUs, torch, backend."""
     import psutil
+    import torch
+    import torch.distributed
 
     info = {
         "python": sys.version.split()[0],

@@ -36,7 +36,7 @@ import cloudpickle
 from course_lib.launcher import devices, progress
 from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
-from course_lib.launcher._warm import WarmServer
+from course_lib.launcher._warm import WarmServer, preimports_of
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
 
@@ -58,21 +58,29 @@ class _ServerCache:
         self._lock = threading.Lock()
         self._server: WarmServer | None = None
 
-    def get(self) -> WarmServer:
+    def get(self, wait: bool = True) -> WarmServer:
+        """The server, started if needed; ready to fork unless ``wait=False``."""
         with self._lock:
             if self._server is None or not self._server.alive():
                 if self._server is None:  # once per kernel: folders of killed kernels go
                     sweep_stale_run_dirs()
-                self._server = WarmServer.start()
+                self._server = WarmServer.start(wait=False)
+            if wait:
+                self._server.wait_ready()
             return self._server
 
 
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
 
 
-def warm_up() -> None:
-    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast."""
-    _SERVERS.get()
+def warm_up(wait: bool = True) -> None:
+    """Start the warm server now (it imports torch once, a few seconds), so the first run is fast.
+
+    ``wait=False`` returns at once and lets the server import torch in the background while
+    the notebook goes on (its own ``import torch`` on the other core): call it first thing in
+    the first cell. The first ``run`` then waits only for what is left of the server's start.
+    """
+    _SERVERS.get(wait=wait)
 
 
 def _failure_of(state: Rank, nprocs: int) -> RankError:
@@ -95,15 +103,6 @@ def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
         return {}
     lines = linecache.getlines(code.co_filename)
     return {code.co_filename: lines} if lines else {}
-
-
-def _module_of(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """The module a by-reference function lives in (imported once by the warm server)."""
-    name = getattr(fn, "__module__", None)
-    module = sys.modules.get(name or "")
-    if name in (None, "__main__") or not getattr(module, "__file__", None):
-        return ()
-    return (name,)
 
 
 @dataclass
@@ -182,7 +181,7 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
             pipes = [{name: os.pipe() for name in PIPES} for _ in range(nprocs)]
             try:
                 pids = server.fork(jobs, [[p["out"][1], p["err"][1], p["result"][1], lifeline_r,
-                                           p["exit"][1]] for p in pipes], _module_of(fn))
+                                           p["exit"][1]] for p in pipes], preimports_of(fn))
             finally:
                 for p in pipes:
                     for _, w in p.values():  # the server and the child hold their own copies

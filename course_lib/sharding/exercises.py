@@ -32,8 +32,8 @@ def _bounds_rank(fn: Callable, sizes: tuple[int, ...]) -> dict:
         start, stop = fn(numel, rank, world)
         flat = torch.arange(numel)
         shards = [None] * world
-        dist.all_gather_object(shards, flat[start:stop].tolist())   # every rank's shard, in rank order
-        out[numel] = {"bounds": (start, stop), "rebuilt": sum(shards, []) == flat.tolist()}
+        dist.all_gather_object(shards, flat[start:stop].clone())   # every rank's shard, in rank order
+        out[numel] = {"bounds": (start, stop), "rebuilt": torch.equal(torch.cat(shards), flat)}
     return out
 
 

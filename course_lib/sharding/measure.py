@@ -132,7 +132,8 @@ def memory_vs_world(preset: str = "small", batch: tuple[int, int] = (4, 32),
     out = {}
     for world in worlds:
         check_request(preset, batch, "ddp", world, "adam", "fp32")
-        reports = run(measure_rank, world, preset, batch, strategy="ddp", threads=1)
+        reports = run(measure_rank, world, preset, batch, strategy="ddp", threads=1,
+                      timed_steps=0)  # memory only: the two timed steps would be thrown away
         row = {k: reports[0][k] for k in ("params", "grads", "optimizer", "model_states", "peak")}
         row["max_rank_model_states"] = max(r["model_states"] for r in reports)
         row["n_params"] = reports[0].n_params
