@@ -98,12 +98,15 @@ def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
 
 
 def _module_of(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """The module a by-reference function lives in (imported once by the warm server)."""
+    """The modules the warm server imports once before forking: the one a by-reference function
+    lives in, then those named in its ``preimport`` attribute (a heavy library that only the
+    ranks use, so that this process never imports it: chapter 4's megatron-core)."""
+    extra = tuple(getattr(fn, "preimport", ()))
     name = getattr(fn, "__module__", None)
     module = sys.modules.get(name or "")
     if name in (None, "__main__") or not getattr(module, "__file__", None):
-        return ()
-    return (name,)
+        return extra
+    return (name, *extra)
 
 
 @dataclass
