@@ -58,21 +58,26 @@ class _ServerCache:
         self._lock = threading.Lock()
         self._server: WarmServer | None = None
 
-    def get(self) -> WarmServer:
+    def get(self, wait: bool = True) -> WarmServer:
         with self._lock:
             if self._server is None or not self._server.alive():
                 if self._server is None:  # once per kernel: folders of killed kernels go
                     sweep_stale_run_dirs()
-                self._server = WarmServer.start()
+                self._server = WarmServer.start(wait)
+            if wait:  # here, not inside run's held-back Stop: a slow start stays interruptible
+                self._server.wait_ready()
             return self._server
 
 
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
 
 
-def warm_up() -> None:
-    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast."""
-    _SERVERS.get()
+def warm_up(wait: bool = True) -> None:
+    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast.
+
+    ``wait=False`` returns at once: the server imports torch on one core while this process
+    goes on with its own imports on the other; the first ``run`` waits for it if needed."""
+    _SERVERS.get(wait)
 
 
 def _failure_of(state: Rank, nprocs: int) -> RankError:
