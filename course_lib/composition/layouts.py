@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+from torch.nn import init as nn_init
+from torch.overrides import TorchFunctionMode
+
 from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
@@ -61,6 +64,20 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     return dict(layout)
 
 
+class _ShapesOnly(TorchFunctionMode):
+    """Skip ``nn.init.normal_`` (the embeddings' init) while a model is built on "meta": a meta
+    tensor has no values to fill, and that call alone would load torch's Python meta kernels
+    and ``torch._dynamo`` into this process — seconds on 2 cores, for shapes that do not change."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is nn_init.normal_:
+            tensor = args[0] if args else kwargs["tensor"]
+            if tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 def tp_shapes(config: GPTConfig, tp: int) -> list[tuple[int, ...]]:
     """Every parameter's shape on one tensor-parallel rank (Megatron's split, chapter 4)."""
     return [shape for _, shape in tp_named_shapes(config, tp)]
@@ -77,7 +94,7 @@ def tp_named_shapes(config: GPTConfig, tp: int, vocab_parallel: bool = False) ->
     import torch
 
     from course_lib.common.models import GPT
-    with torch.device("meta"):  # one block is enough: the others have the same shapes
+    with torch.device("meta"), _ShapesOnly():  # one block is enough: the others have the same shapes
         model = GPT(config.replace(n_layer=1))
     named = [(n, p.shape) for n, p in model.named_parameters() if not n.startswith("blocks.")]
     block = [(n.split(".", 2)[2], p.shape) for n, p in model.named_parameters()

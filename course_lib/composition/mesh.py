@@ -34,11 +34,18 @@ def mesh_groups(shape: tuple[int, ...], names: tuple[str, ...]) -> dict:
     return out
 
 
+def _all_meshes(layouts: dict) -> dict[str, dict]:
+    """Inside a rank: :func:`mesh_groups` for each ``{label: (shape, names)}``, one after another."""
+    return {label: mesh_groups(shape, names) for label, (shape, names) in layouts.items()}
+
+
 def show_meshes(world: int = 4, layouts: dict | None = None) -> dict[str, list[dict]]:
-    """Run :func:`mesh_groups` on ``world`` real ranks for each ``{label: (shape, names)}``."""
+    """Run :func:`mesh_groups` on ``world`` real ranks for each ``{label: (shape, names)}``
+    (one launch: the same ranks build every mesh in turn)."""
     layouts = layouts or {"1-D": ((world,), ("dp",)),
                           "2-D": ((2, world // 2), ("dp", "tp"))}
-    return {label: run(mesh_groups, world, shape, names) for label, (shape, names) in layouts.items()}
+    per_rank = run(_all_meshes, world, layouts)
+    return {label: [r[label] for r in per_rank] for label in layouts}
 
 
 def format_meshes(result: dict[str, list[dict]]) -> str:

@@ -219,7 +219,14 @@ def preimports_of(fn: Callable[..., Any]) -> tuple[str, ...]:
 
     For a by-reference function: its module. For a notebook function (shipped by value): the
     ``course_lib`` modules of the globals its code names (``train_rank``, ``zero``...), which
-    unpickling would otherwise import in every rank (~0.1-1 s of CPU each)."""
+    unpickling would otherwise import in every rank (~0.1-1 s of CPU each). Then the modules
+    named in the function's ``preimport`` attribute: a heavy library that only the ranks use, so
+    that the notebook's process never imports it (chapter 4's megatron-core)."""
+    extra = tuple(getattr(fn, "preimport", ()))
+    return tuple(dict.fromkeys(_own_modules(fn) + extra))
+
+
+def _own_modules(fn: Callable[..., Any]) -> tuple[str, ...]:
     name = getattr(fn, "__module__", None)
     module = sys.modules.get(name or "")
     if name not in (None, "__main__") and getattr(module, "__file__", None):

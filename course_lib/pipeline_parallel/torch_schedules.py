@@ -24,10 +24,12 @@ import torch.distributed as dist
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
+from course_lib.launcher.progress import report
 from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
 from course_lib.pipeline_parallel.schedules import Stage
 
-__all__ = ["TORCH_SCHEDULES", "torch_bubble_formula", "stages_of_rank", "measure_torch_schedule"]
+__all__ = ["TORCH_SCHEDULES", "torch_bubble_formula", "stages_of_rank", "measure_torch_schedule",
+           "measure_torch_schedules"]
 
 #: name -> (torch class name, stages per rank)
 TORCH_SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1),
@@ -62,6 +64,18 @@ def _timed(stage, log: list) -> None:
             finally:
                 log.append((_name, start, time.perf_counter()))
         setattr(stage, name, timed)
+
+
+def _torch_schedules_rank(config: GPTConfig, schedules: tuple[str, ...], m: int, batch: int,
+                          steps: int, seed: int) -> dict:
+    """Inside a rank: each schedule in turn (one launch for all), each from the same seed;
+    rank 0 reports how many schedules are done (the notebook's progress line)."""
+    out = {}
+    for k, name in enumerate(schedules):
+        out[name] = _torch_schedule_rank(config, name, m, batch, steps, seed)
+        if dist.get_rank() == 0:
+            report(k + 1, len(schedules))
+    return out
 
 
 def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, steps: int,
@@ -109,19 +123,34 @@ def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: in
     ``grads`` (every parameter's gradient under its unsplit name, averaged over micro-batches),
     for a check against :func:`course_lib.pipeline_parallel.measure.dense_reference`.
     """
-    if schedule not in TORCH_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(TORCH_SCHEDULES)}")
+    return measure_torch_schedules((schedule,), p, m, config, micro_batch, steps, seed,
+                                   timeout)[schedule]
+
+
+def measure_torch_schedules(schedules=tuple(TORCH_SCHEDULES), p: int = 2, m: int = 4,
+                            config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 16,
+                            steps: int = 5, seed: int = 0, timeout: float = 120.0) -> dict:
+    """:func:`measure_torch_schedule` for several schedules in ONE launch (one after the other
+    in the same ranks, each with its own warm-up step): ``{schedule: report}``."""
+    schedules = tuple(schedules)
     config = get_config(config)
     for value, name in ((p, "p"), (m, "m"), (micro_batch, "micro_batch"), (steps, "steps")):
         positive_int(value, name)
-    n_stages = p * TORCH_SCHEDULES[schedule][1]
-    if p < 2 or config.n_layer % n_stages:
-        raise ValueError(f"{schedule} on p={p} ranks needs {n_stages} stages: p must be >= 2 and "
-                         f"{n_stages} must divide the {config.n_layer} layers")
+    for schedule in schedules:
+        if schedule not in TORCH_SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(TORCH_SCHEDULES)}")
+        n_stages = p * TORCH_SCHEDULES[schedule][1]
+        if p < 2 or config.n_layer % n_stages:
+            raise ValueError(f"{schedule} on p={p} ranks needs {n_stages} stages: p must be >= 2 "
+                             f"and {n_stages} must divide the {config.n_layer} layers")
     if m < p:
         raise ValueError(f"m={m} micro-batches: torch's schedules need at least p={p}")
-    results = run(_torch_schedule_rank, p, config, schedule, m, m * micro_batch, steps, seed,
-                  timeout=timeout, threads=1)
+    per_rank = run(_torch_schedules_rank, p, config, schedules, m, m * micro_batch, steps, seed,
+                   timeout=timeout, threads=1)
+    return {name: _report(name, p, m, steps, [r[name] for r in per_rank]) for name in schedules}
+
+
+def _report(schedule: str, p: int, m: int, steps: int, results: list[dict]) -> dict:
     bubbles = []
     for k in range(steps):
         events = [r["spans"][k] for r in results]

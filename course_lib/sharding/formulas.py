@@ -107,6 +107,8 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
     states = STATES_PER_PARAM[optimizer]
     counter = 4 if optimizer in ("adam", "adamw") else 0
     total = sum(_numel(s) for s in shapes)
+    if strategy not in ("ddp", "zero1"):  # each shape's split once, not once per rank
+        splits = [(fsdp_rows(s[0] if s else 1, world), _numel(s[1:]) if s else 1) for s in shapes]
     out = []
     for rank in range(world):
         if strategy in ("ddp", "zero1"):
@@ -117,9 +119,7 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
             row["model_states_fwd"] = row["params"] + row["grads"] + row["optimizer"]
         else:
             padded = real = 0
-            for shape in shapes:
-                chunk, rows = fsdp_rows(shape[0] if shape else 1, world)
-                rest = _numel(shape[1:]) if shape else 1
+            for (chunk, rows), rest in splits:
                 padded += chunk * rest
                 real += rows[rank] * rest
             full = (2 if precision in ("amp", "mixed") else 4) * padded * world

@@ -10,8 +10,10 @@ and with DTensor. Here the same split is built from the real library, ``megatron
 * :func:`megatron_block_rank` — what each rank runs: ``parallel_state.initialize_model_parallel``,
   the dense reference, the Megatron block, the hand-written and DTensor blocks (one launch),
   ``parallel_state.destroy_model_parallel()`` on the way out (it is global state in megatron);
-* :func:`megatron_status` — ``(ok, reason)``: whether megatron-core can be used here; the
-  notebook falls back to the hand-written and DTensor versions when it cannot;
+* :func:`megatron_status` — ``(ok, reason)``: whether megatron-core can be used here (one rank
+  tries; the kernel never imports it, the warm server does once, via
+  :mod:`~course_lib.tensor_parallel.megatron_preload`); the notebook falls back to the
+  hand-written and DTensor versions when it cannot;
 * :func:`megatron_layout` — Megatron-LM's ``--tensor-model-parallel-size``,
   ``--pipeline-model-parallel-size`` and the world size → the data-parallel size
   (world = TP × PP × DP), micro-batches per step and where this course ran each part.
@@ -61,20 +63,38 @@ def _import_megatron() -> tuple:
     return state, config.ModelParallelConfig, layers.ColumnParallelLinear, layers.RowParallelLinear
 
 
-with contextlib.suppress(Exception):   # import once per process (the warm server's ranks inherit
-    _import_megatron()                 # it); megatron_status() reports a failure, not this line
+#: what the warm server imports before forking a rank that uses megatron-core: it pays the
+#: import (seconds, torch's inductor included) once per kernel, and this process never does
+_PRELOAD = ("course_lib.tensor_parallel.megatron_preload",)
+
+
+def _probe_megatron(modules: tuple[str, ...]) -> tuple[bool, str]:
+    """Inside a rank: import ``modules`` (already there when the warm server could import them);
+    ``(True, version)`` or ``(False, "ErrorType: message")``."""
+    try:
+        with quiet_megatron():
+            for name in modules:
+                importlib.import_module(name)
+        return True, importlib.import_module("megatron.core").__version__
+    except Exception as exc:   # ImportError, or whatever a broken install raises on import
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+_probe_megatron.preimport = _PRELOAD
 
 
 def megatron_status() -> tuple[bool, str]:
-    """``(ok, reason)``: can megatron-core's tensor-parallel layers be imported and used here?"""
-    try:
-        _import_megatron()
-        version = importlib.import_module("megatron.core").__version__
-    except Exception as exc:   # ImportError, or whatever a broken install raises on import
-        return False, (f"megatron-core is not usable here ({type(exc).__name__}: {exc}). "
+    """``(ok, reason)``: can megatron-core's tensor-parallel layers be imported and used here?
+
+    Asked of one rank forked from the warm server (a fraction of a second once the server has
+    imported megatron-core, which every Megatron launch needs anyway): this process never
+    imports megatron-core, so chapter 4's first cell stays fast."""
+    ok, what = run(_probe_megatron, 1, _MODULES, threads=1)[0]
+    if not ok:
+        return False, (f"megatron-core is not usable here ({what}). "
                        f"Falling back to the hand-written Megatron-style TP and DTensor, which "
                        f"split the block the same way.")
-    return True, (f"megatron-core {version}: ColumnParallelLinear / RowParallelLinear run on CPU "
+    return True, (f"megatron-core {what}: ColumnParallelLinear / RowParallelLinear run on CPU "
                   f"with gloo (use_cpu_initialization=True)")
 
 
@@ -150,12 +170,20 @@ def megatron_block_rank(config: GPTConfig, batch: int = 2, seed: int = 0,
     return reports
 
 
+megatron_block_rank.preimport = _PRELOAD
+
+
 def compare_megatron(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int = 2, seed: int = 0,
                      compare: tuple[str, ...] = ("hand", "dtensor"), timeout: float = 120.0,
                      run_report=None) -> list[dict[str, TPReport]]:
     """Run :func:`megatron_block_rank` on ``t`` ranks (one thread each); per rank, a dict
-    ``impl -> TPReport``. Bad requests, or a megatron-core that cannot be imported, fail here,
-    before any process starts. ``run_report`` (a ``RunReport``) receives the ranks' exit codes."""
+    ``impl -> TPReport``. Bad requests fail here, before any process starts; a megatron-core that
+    cannot be imported, before the ``t`` ranks start (:func:`megatron_status` asks one rank).
+    ``run_report`` (a ``RunReport``) receives the ranks' exit codes."""
+    return _compare(t, config, batch, seed, compare, timeout, run_report, status=True)
+
+
+def _compare(t, config, batch, seed, compare, timeout, run_report, status: bool):
     config = get_config(config)
     check_tp_degree(config, t)
     if config.attention != "sdpa":
@@ -163,7 +191,7 @@ def compare_megatron(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int
     unknown = set(compare) - {"hand", "dtensor"}
     if unknown:
         raise ValueError(f"compare may name 'hand' and 'dtensor' only, got {sorted(unknown)}")
-    ok, reason = megatron_status()
+    ok, reason = megatron_status() if status else (True, "")
     if not ok:
         raise RuntimeError(reason)
     return run(megatron_block_rank, t, config, batch, seed, tuple(compare), timeout=timeout, threads=1,
@@ -176,8 +204,9 @@ def tp_with_fallback(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int
     megatron-core is usable; otherwise the hand-written and DTensor blocks alone (the notebook's
     fallback, so the chapter still runs where megatron-core cannot)."""
     ok, reason = megatron_status()
-    if ok:
-        return ok, reason, compare_megatron(t, config, batch, seed)
+    if ok:   # asked once: no second probe inside compare_megatron
+        return ok, reason, _compare(t, config, batch, seed, ("hand", "dtensor"), 120.0, None,
+                                    status=False)
     hand, dtensor = (measure_tp(t, impl, config, batch, seed) for impl in ("hand", "dtensor"))
     return ok, reason, [{"hand": h, "dtensor": d} for h, d in zip(hand, dtensor)]
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from course_lib import devices
 from course_lib.launcher import launch
+from course_lib.launcher._warm import preimports_of
 from course_lib.launcher.launch import RankError, RunReport, run
 from processes import rank_processes, wait_gone
 
@@ -280,6 +281,30 @@ def test_threads_per_rank_follow_the_core_count():
     expected = max(1, devices.cpu_count() // 2)
     assert run(torch.get_num_threads, 2) == [expected, expected]
     assert run(torch.get_num_threads, 2, threads=1) == [1, 1]
+
+
+def _has_mailbox():
+    return "mailbox" in sys.modules
+
+
+_has_mailbox.preimport = ("mailbox",)   # a module torch never imports
+
+
+def test_warm_up_without_waiting_and_a_functions_preimport_attribute(tmp_path):
+    """``warm_up(wait=False)`` starts the server and returns; the first run waits for it. A rank
+    function's ``preimport`` names modules the server imports before forking: the ranks have
+    them, this process does not."""
+    here = os.path.dirname(os.path.abspath(__file__))   # this checkout's course_lib, then tests
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(here)), here,
+                                                        os.path.dirname(here)])}
+    script = ("import sys\nfrom course_lib.launcher import launch\n"
+              "launch.warm_up(wait=False)\nassert launch._SERVERS._server.alive()\n"
+              "from test_launch import _has_mailbox\n"
+              "print(launch.run(_has_mailbox, 2), 'mailbox' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=here, check=True,
+                         timeout=300, capture_output=True, text=True).stdout
+    assert out.strip().splitlines()[-1] == "[True, True] False"
+    assert preimports_of(_has_mailbox) == ("test_launch", "mailbox")
 
 
 def test_run_folders_of_killed_kernels_are_removed_by_the_next_kernel(tmp_path):

@@ -7,7 +7,8 @@ import torch
 
 from course_lib.common.models import GPTConfig
 from course_lib.pipeline_parallel.measure import dense_reference
-from course_lib.pipeline_parallel.torch_schedules import (measure_torch_schedule, stages_of_rank,
+from course_lib.pipeline_parallel.torch_schedules import (measure_torch_schedule,
+                                                          measure_torch_schedules, stages_of_rank,
                                                           torch_bubble_formula)
 
 SMALL = GPTConfig(n_layer=4, n_head=2, d_model=32, seq_len=16)
@@ -22,6 +23,17 @@ def test_torch_schedule_equals_unsplit_model_and_measures_a_bubble(schedule):
     torch.testing.assert_close(report["grads"], grads, rtol=1e-5, atol=1e-6)
     assert len(report["bubbles"]) == 2 and all(0 < b < 1 for b in report["bubbles"])
     assert report["bubble"] in report["bubbles"]
+
+
+def test_several_schedules_in_one_launch_equal_the_unsplit_model():
+    reports = measure_torch_schedules(("1f1b", "zb-v"), p=2, m=2, config=SMALL, micro_batch=2,
+                                      steps=1)
+    loss, grads = dense_reference(SMALL, 4)
+    assert list(reports) == ["1f1b", "zb-v"]
+    for name, report in reports.items():
+        assert report["schedule"] == name and len(report["bubbles"]) == 1
+        assert report["loss"] == pytest.approx(loss, abs=1e-5)
+        torch.testing.assert_close(report["grads"], grads, rtol=1e-5, atol=1e-6)
 
 
 def test_stage_placement_and_formulas():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from course_lib.launcher.launch import RunReport
+from course_lib.tensor_parallel import megatron
 from course_lib.tensor_parallel.megatron import (FLAG_CHAPTERS, compare_megatron, megatron_layout,
                                                  megatron_status, tp_with_fallback)
 
@@ -110,22 +111,34 @@ def test_megatron_layout_errors(args, kwargs, message):
 
 
 def test_fallback_when_megatron_cannot_be_imported(monkeypatch):
-    """Simulate a missing megatron-core: the status says why, the Megatron run refuses before
-    any process starts, and the notebook's path continues with the hand-written and DTensor TP."""
-    monkeypatch.setitem(sys.modules, "megatron.core.tensor_parallel", None)
+    """Simulate a missing megatron-core module: the status (asked of one rank) says why, the
+    Megatron run refuses before its ranks start, and the notebook's path continues with the
+    hand-written and DTensor TP."""
+    monkeypatch.setattr(megatron, "_MODULES", (*megatron._MODULES, "megatron.core.no_such_module"))
     ok, reason = megatron_status()
     assert not ok
-    assert reason.startswith("megatron-core is not usable here (ModuleNotFoundError: import of "
-                             "megatron.core.tensor_parallel halted")
+    assert reason.startswith("megatron-core is not usable here (ModuleNotFoundError: No module "
+                             "named 'megatron.core.no_such_module')")
     assert "Falling back to the hand-written Megatron-style TP and DTensor" in reason
     with pytest.raises(RuntimeError, match=r"megatron-core is not usable here"):
-        compare_megatron(2, timeout=0.001)          # would time out if a process started
+        compare_megatron(2, timeout=0.001)          # would time out if its 2 ranks started
     ok, fallback_reason, per_rank = tp_with_fallback(2)
     assert (ok, fallback_reason) == (False, reason)
     assert [sorted(r) for r in per_rank] == [["dtensor", "hand"]] * 2
     for r in per_rank:
         for report in r.values():
             torch.testing.assert_close(report.output, report.dense_output, **OUT_TOL)
+
+
+@needs_megatron
+def test_this_process_never_imports_megatron_core():
+    """The status and the runs leave megatron-core to the ranks (and the warm server that forks
+    them): chapter 4's kernel stays free of its seconds-long import."""
+    if any(name == "megatron" or name.startswith("megatron.") for name in sys.modules):
+        pytest.skip("megatron-core was imported in this process by another test")
+    megatron_status()
+    compare_megatron(2, compare=())
+    assert not [name for name in sys.modules if name == "megatron" or name.startswith("megatron.")]
 
 
 @pytest.mark.parametrize("kwargs, message", [
