@@ -70,9 +70,23 @@ class _ServerCache:
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
 
 
-def warm_up() -> None:
-    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast."""
-    _SERVERS.get()
+def warm_up(wait: bool = True) -> None:
+    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast.
+
+    ``wait=False`` returns at once: the server imports while the notebook imports the rest
+    (2 cores, two imports at a time); the first ``run`` waits for it, or starts it if it failed.
+    """
+    if wait:
+        _SERVERS.get()
+    else:
+        threading.Thread(target=_warm_up_quietly, daemon=True).start()
+
+
+def _warm_up_quietly() -> None:
+    try:
+        _SERVERS.get()
+    except Exception:  # noqa: BLE001 — the next run() starts the server again and says why
+        pass
 
 
 def _failure_of(state: Rank, nprocs: int) -> RankError:
