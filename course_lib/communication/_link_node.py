@@ -44,7 +44,6 @@ def tx_bytes(iface: str, pid: str = "self") -> int:
 
 def _batch(sizes, batch, seed, rank, device):
     import torch
-
     gen = torch.Generator().manual_seed(seed + 1000 * rank)
     return (torch.randn(batch, sizes[0], generator=gen).to(device),
             torch.randn(batch, sizes[-1], generator=gen).to(device))
@@ -53,16 +52,13 @@ def _batch(sizes, batch, seed, rank, device):
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         import torch
-
         torch.cuda.synchronize()
 
 
 def compute_phase(sizes, batch, steps, seed, device="cpu") -> dict:
     """Median seconds of a local training step (plain model, SGD, this rank's batch): no comm."""
     import torch
-
     from course_lib.common.models import MLP
-
     torch.manual_seed(seed)
     model = MLP(sizes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -84,7 +80,6 @@ def wrap(model, strategy: str, device):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
-
     if strategy == "ddp":
         ids = None if device.index is None else [device.index]  # cuda:i; None on CPU
         model = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
@@ -107,7 +102,8 @@ def _step(model, opt, data) -> None:
     opt.step()
 
 
-def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu") -> dict:
+def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu",
+                   cache: dict | None = None) -> dict:
     """Time ``steps`` steps of ``strategy`` after a warm-up; bytes sent on ``iface`` meanwhile.
 
     First the same steps without communication (:func:`compute_phase`), just before, under the
@@ -115,20 +111,24 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
     a common start. ``tx`` is the interface's transmit counter over the timed steps (every byte
     this node put on the wire: payload, TCP/IP headers, acknowledgements, the barriers); one
     more step, untimed, is seen by :class:`~course_lib.sharding.comm_counter.CommCounter` for the payload.
+    With a ``cache`` (a node's dict, across phases) model, warm-up and payload count happen once
+    per strategy; later phases on a re-shaped link run only the timed steps.
     """
     import torch
     import torch.distributed as dist
-
     from course_lib.sharding.comm_counter import CommCounter
     from course_lib.common.models import MLP
-
     device = torch.device(device)
     compute = compute_phase(sizes, batch, steps, seed, device)["compute_s"]
-    torch.manual_seed(seed)
-    model, opt = wrap(MLP(sizes).to(device), strategy, device)
-    data = _batch(sizes, batch, seed, dist.get_rank(), device)
-    _step(model, opt, data)  # warm-up: DDP builds its buckets, FSDP2 initialises lazily
-    _sync(device)
+    kept = (cache or {}).get(strategy)
+    if kept is None:
+        torch.manual_seed(seed)
+        model, opt = wrap(MLP(sizes).to(device), strategy, device)
+        data = _batch(sizes, batch, seed, dist.get_rank(), device)
+        _step(model, opt, data)  # warm-up: DDP builds its buckets, FSDP2 initialises lazily
+        _sync(device)
+    else:
+        model, opt, data, counted = kept
     dist.barrier()
     before = tx_bytes(iface) if iface else None
     times = []
@@ -140,12 +140,14 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
         times.append(time.perf_counter() - start)
     dist.barrier()
     sent = tx_bytes(iface) - before if iface else None
-    with CommCounter() as counter:
-        _step(model, opt, data)
-        _sync(device)
-    dist.barrier()
-    return {"times": times, "compute_s": compute, "tx": sent, "calls": counter.calls_by_type(),
-            "payload": counter.bytes_by_type()}
+    if kept is None:
+        with CommCounter() as counter:
+            _step(model, opt, data)
+            _sync(device)
+        dist.barrier()
+        counted = {"calls": counter.calls_by_type(), "payload": counter.bytes_by_type()}
+        (cache if cache is not None else {})[strategy] = (model, opt, data, counted)
+    return {"times": times, "compute_s": compute, "tx": sent, **counted}
 
 
 def node_main() -> None:
@@ -155,21 +157,19 @@ def node_main() -> None:
     import torch  # while the hub wires the namespace
     import torch.distributed as dist
     import torch.distributed.fsdp  # noqa: F401
-
     import course_lib.sharding.comm_counter  # noqa: F401
-
     setup = json.loads(sys.stdin.readline())
     os.environ["GLOO_SOCKET_IFNAME"] = setup["iface"]
-
     torch.set_num_threads(setup["threads"])
     dist.init_process_group("gloo", init_method=setup["init"], rank=setup["rank"], world_size=2)
     print(json.dumps({"joined": setup["rank"]}), flush=True)
+    models: dict = {}  # per strategy, built and warmed up by its first (untimed) phase
     for line in sys.stdin:
         job = json.loads(line)
         if job["phase"] == "stop":
             break
         out = strategy_phase(job["phase"], setup["sizes"], setup["batch"], job["steps"],
-                             setup["seed"], iface=setup["iface"])
+                             setup["seed"], iface=setup["iface"], cache=models)
         print(json.dumps(out), flush=True)
     sys.stdout.flush()
     os._exit(0)  # gloo threads may abort a normal interpreter shutdown
@@ -274,7 +274,7 @@ def hub_main() -> None:
                               "threads": opts["threads"]})
         nodes.receive()
         print(json.dumps({"joined_s": time.monotonic() - start}), flush=True)
-        for strategy in opts["strategies"]:  # first calls pay lazy imports and set-up: not timed
+        for strategy in opts["strategies"]:  # imports, build, warm-up, payload count: not kept
             nodes.ask({"phase": strategy, "steps": 1})
         settings = list(dict.fromkeys([(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]))
         if len(settings) > 1:  # the unthrottled base again at the end: load only adds time

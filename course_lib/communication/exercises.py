@@ -77,7 +77,7 @@ def _what_is_off(res: dict, rank: int, world: int) -> str | None:
 
 
 def check_reduce_scatter(fn: Callable[[torch.Tensor], object], world: int = 3,
-                         patience: float = 4.0) -> tuple[bool, str]:
+                         patience: float = 2.0) -> tuple[bool, str]:
     """Run ``fn(tensor)`` on ``world`` real ranks; rank r's chunk r must equal the all-reduced one.
 
     The tensor has 1003 elements (chunks of unequal size, ``tensor_split``). Returns ``(passed,

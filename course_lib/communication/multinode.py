@@ -139,7 +139,9 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
     threads = max(1, (os.cpu_count() or 1) // (2 * nprocs_per_node))
     start = time.monotonic()
-    procs = [_launch(cmd, _env(threads)) for cmd in commands]
+    # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun)
+    procs = [_launch([sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]],
+                     _env(threads)) for cmd in commands]
     outputs = _collect(procs, timeout)
     _check(procs, outputs, "two-node run")
     return NodesResult(commands, outputs, time.monotonic() - start)

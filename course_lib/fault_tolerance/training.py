@@ -182,14 +182,16 @@ def checkpoint_cost(config: GPTConfig | str, root: str | Path, repeats: int = 3)
 
 def checkpoint_cost_sweep(configs: Sequence[GPTConfig | str], root: str | Path, *,
                           nprocs: int = 2, repeats: int = 2) -> list[dict]:
-    """:func:`checkpoint_cost` for each config on ``nprocs`` ranks; rows as rank 0 measured."""
+    """:func:`checkpoint_cost` for each config on ``nprocs`` ranks (one launch for all); rows as
+    rank 0 measured."""
+    roots = [Path(root) / f"model{i}" for i in range(len(configs))]
+    measured = run(_costs, nprocs, list(configs), roots, repeats)[0]
+    return [{"model": config if isinstance(config, str) else f"{config.n_layer}x{config.d_model}",
+             **row} for config, row in zip(configs, measured)]
 
-    rows = []
-    for i, config in enumerate(configs):
-        row = run(checkpoint_cost, nprocs, config, Path(root) / f"model{i}", repeats)[0]
-        name = config if isinstance(config, str) else f"{config.n_layer}x{config.d_model}"
-        rows.append({"model": name, **row})
-    return rows
+
+def _costs(configs: Sequence[GPTConfig | str], roots: Sequence[Path], repeats: int) -> list[dict]:
+    return [checkpoint_cost(config, where, repeats) for config, where in zip(configs, roots)]
 
 
 def format_cost(rows: Sequence[dict]) -> str:

@@ -5,13 +5,16 @@ and ``TCPStore`` always listens on every interface (``*:port``), even with a loo
 and ``--local-addr=127.0.0.1``; those stores have no authentication. ``TCPStore`` can instead
 serve on a socket it is handed (``master_listen_fd``). For one-machine runs
 :func:`course_lib.torchrun` starts torchrun through this module, which hands every store the
-agent hosts on 127.0.0.1/localhost a socket bound to 127.0.0.1, then runs torchrun unchanged.
+agent hosts on 127.0.0.1/localhost a socket bound to 127.0.0.1, then runs torchrun unchanged,
+and ends the agent with ``os._exit`` once torchrun returned (no interpreter teardown).
 """
 from __future__ import annotations
 
+import os
 import runpy
 import socket
 import sys
+import traceback
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
@@ -34,7 +37,27 @@ class LoopbackTCPStore(dist.TCPStore):
         super().__init__(host_name, port, *args, **kwargs)
 
 
-if __name__ == "__main__":
+def _main() -> int:
+    """torchrun's ``main``; its exit status. An error prints as an uncaught one would."""
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
     sys.argv[0] = "torchrun"
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 — torchrun's summary ("Root Cause ...") is in it
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # the agent is done (its workers are gone, its rendezvous closed): flush and leave without
+    # the interpreter's teardown of torch, which took ~1-5 s of CPU after every run here
+    code = _main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
