@@ -63,9 +63,12 @@ class WarmServer:
         self.proc, self.sock, self.owner_pid = proc, sock, os.getpid()
         self.lock = threading.Lock()
         self.next_id = 0
+        self.ready = False
 
     @classmethod
-    def start(cls) -> "WarmServer":
+    def start(cls, wait: bool = True) -> "WarmServer":
+        """Start a server; ``wait=False`` returns before it has imported torch (the first
+        :meth:`fork` then waits for its "ready"), so the caller's own imports run meanwhile."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from course_lib.launcher._warm import serve; serve({theirs.fileno()})"
         env = dict(os.environ)
@@ -74,16 +77,27 @@ class WarmServer:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
         theirs.close()
-        ours.settimeout(300)  # importing torch on a busy 2-core machine can take a while
+        server = cls(proc, ours)
+        if wait:
+            server.wait_ready()
+        return server
+
+    def wait_ready(self) -> None:
+        """Wait (once) for the server's "ready": it has imported torch and its preloads."""
+        if self.ready:
+            return
+        self.sock.settimeout(300)  # importing torch on a busy 2-core machine can take a while
         try:
-            if _recv_exact(ours, 5) != b"ready":
+            if _recv_exact(self.sock, 5) != b"ready":
                 raise EOFError
-        except (EOFError, OSError) as exc:
-            proc.kill()
+        except BaseException as exc:  # also a Stop while waiting: the next call starts afresh
+            self.proc.kill()
+            if not isinstance(exc, (EOFError, OSError)):
+                raise
             raise RuntimeError("the warm server did not start (see the kernel's log for its "
                                "error output)") from exc
-        ours.settimeout(60)  # no call below may wait forever on a stuck server
-        return cls(proc, ours)
+        self.sock.settimeout(60)  # no call below may wait forever on a stuck server
+        self.ready = True
 
     def alive(self) -> bool:
         return self.proc.poll() is None and self.owner_pid == os.getpid()
@@ -100,6 +114,7 @@ class WarmServer:
         lifelines, and the next call starts a fresh server instead of misreading this one.
         """
         with self.lock:
+            self.wait_ready()
             first = self.next_id
             self.next_id += len(jobs)
             try:

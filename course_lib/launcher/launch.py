@@ -58,21 +58,29 @@ class _ServerCache:
         self._lock = threading.Lock()
         self._server: WarmServer | None = None
 
-    def get(self) -> WarmServer:
+    def get(self, wait: bool = True) -> WarmServer:
         with self._lock:
             if self._server is None or not self._server.alive():
                 if self._server is None:  # once per kernel: folders of killed kernels go
                     sweep_stale_run_dirs()
-                self._server = WarmServer.start()
-            return self._server
+                self._server = WarmServer.start(wait=False)
+            server = self._server
+        if wait:
+            with server.lock:
+                server.wait_ready()
+        return server
 
 
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
 
 
-def warm_up() -> None:
-    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast."""
-    _SERVERS.get()
+def warm_up(wait: bool = True) -> None:
+    """Start the warm server now (it imports torch once, ~1-2 s), so the first run is fast.
+
+    ``wait=False`` returns at once: the server imports in the background, on another core,
+    while the notebook goes on; the first ``run`` waits for whatever is left of that.
+    """
+    _SERVERS.get(wait=wait)
 
 
 def _failure_of(state: Rank, nprocs: int) -> RankError:
