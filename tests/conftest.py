@@ -21,6 +21,7 @@ CLOCK = (
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
     "tests/launcher/test_torchrun.py",
+    "tests/launcher/test_warm_start.py",
     # measured times in the assertion
     "tests/communication/test_comm.py::test_benchmark_measures_every_collective",
     "tests/communication/test_comm.py::test_compare_ring_reports_times_and_equal_results",
