@@ -18,9 +18,11 @@ from course_lib.tensor_parallel.megatron import (FLAG_CHAPTERS, compare_megatron
 # gradients of size ~1e-3 (the same tolerances as tests/tensor_parallel/test_tensor_parallel.py).
 OUT_TOL = dict(rtol=1e-5, atol=1e-6)
 GRAD_TOL = dict(rtol=1e-4, atol=1e-7)
-# Megatron-core vs the hand-written block: the same shards, matmuls and all-reduces in the same
-# order — observed bitwise equal; the slack only allows another matmul kernel (addmm vs mm + add).
-SAME_TOL = dict(rtol=1e-6, atol=1e-7)
+# Megatron-core vs the hand-written block and DTensor: the same shards and all-reduces in the same
+# order — bitwise equal with this machine's default kernels, but one fused addmm against mm + add
+# rounds differently under other kernels (ATEN_CPU_CAPABILITY=default: 1.3e-7 on an output of
+# 8e-3), so the outputs get the dense comparison's fp32 tolerance.
+SAME_TOL = OUT_TOL
 
 OK, REASON = megatron_status()
 needs_megatron = pytest.mark.skipif(not OK, reason=REASON)
