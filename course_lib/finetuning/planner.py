@@ -17,31 +17,26 @@ every block adds the same tensors (the tests compare with full-depth runs). Two 
 labelled: ZeRO-1's greedy whole-tensor shares come from
 :func:`course_lib.sharding.formulas.per_rank_bytes`, and FSDP's *peak*, not linear in depth, is
 an upper estimate (``benchmarks/bench_ch7_planner.py`` compares). ``depth="full"`` measures at
-full depth. Results are cached in the ``cache`` dict a caller passes; the garbage collector is
-paused during the fake runs (they create many short-lived objects).
+full depth. The fake runs are independent: they are spread over one process per core
+(:mod:`course_lib.finetuning.probes`) and cached in the ``cache`` dict a caller passes.
 
 Cost (rough, stated): training FLOPs per token 6·N for full fine-tuning, 4·N for (Q)LoRA (no
 weight gradients for frozen weights: forward 2N + input-gradients 2N), at ``mfu`` × ``tflops``.
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config, param_count
-from course_lib.finetuning.memory import measure_finetune
-from course_lib.launcher import progress
+from course_lib.finetuning.probes import (ADAPTER_METHODS, FULL_STRATEGIES, Probe, measure_many,
+                                         measure_method)
+from course_lib.launcher import devices, progress
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
-from course_lib.sharding.measure import measure_distributed
 
 __all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "ASSUMPTIONS", "PlanRow", "Plan", "plan",
            "measure_method"]
 
-FULL_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
-ADAPTER_METHODS = ("lora", "qlora")
 _LABELS = {"ddp": "full FT · DDP", "zero1": "full FT · ZeRO-1", "zero2": "full FT · ZeRO-2",
            "fsdp": "full FT · FSDP", "lora": "LoRA (bf16 base)", "qlora": "QLoRA (NF4 base)"}
 _KEYS = ("weights", "grads", "optimizer", "activations", "peak")
@@ -106,39 +101,23 @@ class Plan:
         return self.table()
 
 
-def _summary(rep) -> dict[str, int]:
-    b = rep.bytes
-    return {"weights": b["params"] + b["buffers"], "grads": b["grads"], "optimizer": b["optimizer"],
-            "activations": b["activations"], "peak": b["peak"]}
+def _key(config: GPTConfig, method: str, n_gpus: int, shape, r: int, recompute: str) -> Probe:
+    """The probe (and cache key) of one fake run; recomputation only applies to full fine-tuning."""
+    return (config, method, n_gpus, shape, r, recompute if method in FULL_STRATEGIES else "none")
 
 
-def measure_method(config: GPTConfig, method: str, n_gpus: int, shape: tuple[int, int],
-                   r: int = 16, recompute: str = "none") -> dict[str, int]:
-    """Per-GPU bytes (``weights``, ``grads``, ``optimizer``, ``activations``, ``peak``) of one method,
-    measured on fake tensors at the config's full depth (rank 0 for the distributed ones).
-    ``recompute`` (full fine-tuning only): chapter 1's activation recomputation of the blocks."""
-    if method in FULL_STRATEGIES:
-        rep = measure_distributed(config, shape, strategy=method, nprocs=n_gpus, precision="amp",
-                                  fake=True, ranks=[0], recompute=recompute)[0]
-    else:
-        rep = measure_finetune(config, shape, method, r=r, fake=True)
-    return _summary(rep)
+def _depths(config: GPTConfig, method: str, probe: bool) -> tuple[GPTConfig, ...]:
+    """The configs a method is measured at: two probe depths, or the config itself."""
+    if probe and config.n_layer > _PROBE_LAYERS[method][1]:
+        return tuple(config.replace(n_layer=k) for k in _PROBE_LAYERS[method])
+    return (config,)
 
 
-def _cached(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int,
-            recompute: str = "none") -> dict[str, int]:
-    recompute = recompute if method in FULL_STRATEGIES else "none"
-    key = (config, method, n_gpus, shape, r) + ((recompute,) if recompute != "none" else ())
-    if key not in cache:
-        cache[key] = measure_method(config, method, n_gpus, shape, r, recompute)
-    return cache[key]
-
-
-def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int,
-            recompute: str = "none") -> tuple[dict, str]:
+def _extrapolated(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: int,
+                  recompute: str) -> tuple[dict, str]:
     low, high = _PROBE_LAYERS[method]
-    a = _cached(cache, config.replace(n_layer=low), method, n_gpus, shape, r, recompute)
-    b = _cached(cache, config.replace(n_layer=high), method, n_gpus, shape, r, recompute)
+    a = cache[_key(config.replace(n_layer=low), method, n_gpus, shape, r, recompute)]
+    b = cache[_key(config.replace(n_layer=high), method, n_gpus, shape, r, recompute)]
     out = {k: a[k] + (b[k] - a[k]) * (config.n_layer - low) for k in _KEYS}
     source = f"fake, {low}+{high} layers → {config.n_layer}"
     if method == "zero1":  # greedy whole-tensor shares: take rank 0's optimizer share from the formula
@@ -149,18 +128,6 @@ def _probed(cache: dict, config: GPTConfig, method: str, n_gpus: int, shape, r: 
     if method == "fsdp":  # the peak moment moves with depth (blocks gathered/freed one by one)
         source += "; peak: upper estimate"
     return out, source
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause automatic garbage collection (restored on exit, also after an error)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth) -> GPTConfig:
@@ -180,7 +147,8 @@ def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
 def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus: int = 8,
          seq_len: int = 2048, micro_batch: int = 1, r: int = 16, tokens: float = 100e6,
          depth: str = "auto", methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS,
-         cache: dict | None = None, recompute: str = "none", **assumptions: float) -> Plan:
+         cache: dict | None = None, recompute: str = "none", processes: int | None = None,
+         **assumptions: float) -> Plan:
     """Full fine-tuning (4 strategies on ``n_gpus``) vs LoRA / QLoRA (1 GPU): per-GPU bytes, fits, cost.
 
     ``model``: a :class:`GPTConfig` or preset name (a longer ``seq_len`` than the config's
@@ -189,12 +157,15 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
     ``"probe"`` at two small depths (extrapolated), ``"auto"`` probes above 4 layers. ``methods``: a
     subset of the rows (each costs fake runs). ``recompute``: ``"none"``, ``"selective"`` or
     ``"full"`` activation recomputation for the full fine-tuning rows (chapter 1; the adapter
-    rows are measured without it). Keyword
+    rows are measured without it). ``processes``: how many processes share the fake runs
+    (default: one per core, up to 4, for models of 100M+ parameters; 1: all in this process). Keyword
     overrides of :data:`ASSUMPTIONS`: ``tflops``, ``mfu``, ``usd_per_gpu_hour``, ``usable_fraction``.
     """
     config = _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    if processes is not None:
+        positive_int(processes, "processes")
     unknown = set(assumptions) - set(ASSUMPTIONS)
     if unknown:
         raise ValueError(f"unknown assumptions {sorted(unknown)}; choose from {sorted(ASSUMPTIONS)}")
@@ -209,25 +180,29 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {FULL_STRATEGIES + ADAPTER_METHODS}, "
                          f"got {methods!r}")
+    runs = [_key(c, m, n_gpus if m in FULL_STRATEGIES else 1, shape, r, recompute)
+            for m in methods for c in _depths(config, m, probe)]
+    todo = [run for run in dict.fromkeys(runs) if run not in cache]
+    if processes is None:  # at 100M+ parameters a fake run takes a second or more: one per core
+        processes = min(4, devices.cpu_count()) if n >= 1e8 else 1
     # a live line in JupyterLab while the fake runs go on (silent elsewhere)
-    with progress.running(f"planning {n / 1e9:.2f}B params on fake tensors" if n >= 1e8 else
-                          f"planning {n / 1e6:.2f}M params on fake tensors",
-                          total=len(methods), unit="methods") as live:
-        for method in methods:
-            gpus = n_gpus if method in FULL_STRATEGIES else 1
-            with _gc_paused():
-                if probe and config.n_layer > _PROBE_LAYERS[method][1]:
-                    per_gpu, source = _probed(cache, config, method, gpus, shape, r, recompute)
-                else:
-                    per_gpu = _cached(cache, config, method, gpus, shape, r, recompute)
-                    source = "fake, full depth"
-                if recompute != "none" and method in FULL_STRATEGIES:
-                    source += f"; recompute={recompute}"
-            # full recomputation runs each block's forward once more: 8·N instead of 6·N
-            full = 8 if recompute == "full" else 6
-            flops = (full if method in FULL_STRATEGIES else 4) * n * a["tokens"]
-            gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
-            out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
-                                    gpu_hours * a["usd_per_gpu_hour"], source))
-            live.advance()
+    size = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+    with progress.running(f"planning {size} params: {len(todo)} fake runs on "
+                          f"{min(processes, max(1, len(todo)))} process(es)", unit="fake runs"):
+        cache.update(measure_many(todo, processes))
+    for method in methods:
+        gpus = n_gpus if method in FULL_STRATEGIES else 1
+        if len(_depths(config, method, probe)) == 2:
+            per_gpu, source = _extrapolated(cache, config, method, gpus, shape, r, recompute)
+        else:
+            per_gpu = cache[_key(config, method, gpus, shape, r, recompute)]
+            source = "fake, full depth"
+        if recompute != "none" and method in FULL_STRATEGIES:
+            source += f"; recompute={recompute}"
+        # full recomputation runs each block's forward once more: 8·N instead of 6·N
+        full = 8 if recompute == "full" else 6
+        flops = (full if method in FULL_STRATEGIES else 4) * n * a["tokens"]
+        gpu_hours = flops / (a["tflops"] * 1e12 * a["mfu"]) / 3600
+        out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
+                                gpu_hours * a["usd_per_gpu_hour"], source))
     return out

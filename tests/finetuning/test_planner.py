@@ -70,6 +70,19 @@ def test_bad_inputs_raise_clear_errors():
         plan("tiny", depth="deep")
     with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'"):
         plan("tiny", recompute="some")
+    with pytest.raises(ValueError, match="processes must be a positive integer"):
+        plan("tiny", processes=0)
+
+
+def test_fake_runs_spread_over_processes_give_the_same_table():
+    # two ranks of course_lib.run share the probes; fake runs are deterministic: equal to the byte
+    cfg, methods = get_config("tiny").replace(n_layer=5), ("zero2", "qlora")
+    cache = {}
+    split = plan(cfg, n_gpus=4, seq_len=64, methods=methods, processes=2, cache=cache)
+    here = plan(cfg, n_gpus=4, seq_len=64, methods=methods, processes=1)
+    assert [(r.method, r.bytes, r.source) for r in split.rows] == \
+        [(r.method, r.bytes, r.source) for r in here.rows]
+    assert len(cache) == 4                             # 2 methods × 2 probe depths, each run once
 
 
 def test_full_recomputation_makes_a_7b_fsdp_plan_fit_and_costs_a_third_more_compute():
