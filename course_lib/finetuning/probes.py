@@ -42,7 +42,7 @@ def measure_method(config: GPTConfig, method: str, n_gpus: int, shape: tuple[int
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def _gc_paused() -> Iterator[None]:
     """Pause automatic garbage collection (restored on exit, also after an error): fake runs
     create many short-lived objects and no cycles worth collecting."""
     was_enabled = gc.isenabled()
@@ -66,7 +66,7 @@ def _measure_share(shares: list[list[Probe]]) -> list[dict[str, int]]:
 
     rank = dist.get_rank()
     dist.destroy_process_group()  # the fake runs make their own (fake) process group
-    with gc_paused():
+    with _gc_paused():
         return [measure_method(*probe) for probe in shares[rank]]
 
 
@@ -75,7 +75,7 @@ def measure_many(probes: Sequence[Probe], processes: int = 1) -> dict[Probe, dic
     processes, longest first onto the least loaded one. Returns ``{probe: bytes}``."""
     todo = list(dict.fromkeys(probes))
     if processes < 2 or len(todo) < 2:
-        with gc_paused():
+        with _gc_paused():
             return {probe: measure_method(*probe) for probe in todo}
     from course_lib.launcher.launch import run
 
