@@ -146,7 +146,8 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
             _sync(device)
         dist.barrier()
         counted = {"calls": counter.calls_by_type(), "payload": counter.bytes_by_type()}
-        (cache if cache is not None else {})[strategy] = (model, opt, data, counted)
+        if cache is not None:
+            cache[strategy] = (model, opt, data, counted)
     return {"times": times, "compute_s": compute, "tx": sent, **counted}
 
 
