@@ -34,6 +34,8 @@ for _module, _names in {
     "sharding.measure": ["measure_distributed", "compare_strategies"],
     "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
     "sharding.comm_counter": ["CommCounter"],
+    "sharding.zero_by_hand": ["ShardedOptimizer"],
+    "sharding.fsdp_by_hand": ["FSDPByHand"],
     # 04 model parallelism
     "tensor_parallel.measure": ["measure_tp", "measure_tp_model"],
     "pipeline_parallel.measure": ["measure_pipeline", "bubble_formula", "torch_pipeline"],

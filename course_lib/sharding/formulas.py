@@ -33,7 +33,7 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import STATES_PER_PARAM
 
 __all__ = ["STAGES", "paper_bytes", "ideal_bytes", "param_shapes", "zero1_assignment", "fsdp_rows",
-           "per_rank_bytes", "flat_zero_bytes", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
+           "per_rank_bytes", "flat_zero_bytes", "fsdp_peak_saving", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
 
 #: Strategy name -> ZeRO stage (0 = plain data parallelism).
 STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
@@ -132,13 +132,14 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
     return out
 
 
-def flat_zero_bytes(n_params: int, stage: int, world: int) -> list[dict[str, int]]:
-    """Each rank's bytes after a step of chapter 3's ZeRO by hand (``sharding.zero_by_hand``).
+def flat_zero_bytes(n_params: int, stage: int, world: int, n_tensors: int = 1) -> list[dict[str, int]]:
+    """Each rank's bytes after an Adam step of chapter 3's ``ShardedOptimizer`` (``zero_by_hand``).
 
     One flat fp32 buffer padded to ``N`` shards of ``s = ceil(Ψ/N)``: params ``4·N·s`` on every
     rank; gradients ``4·N·s`` under ZeRO-1 (the whole all-reduced sum is kept), ``4·s`` under
     ZeRO-2 (the reduce-scattered shard); Adam 8 bytes per element of the rank's real shard plus
-    its 4-byte ``step``. With ``N`` dividing Ψ: :func:`ideal_bytes` + 4.
+    a 4-byte ``step`` for each of its ``n_tensors`` pieces (one per parameter tensor, empty
+    ones included). With ``N`` dividing Ψ: :func:`ideal_bytes` + ``4·n_tensors``.
     """
     if stage not in (1, 2):
         raise ValueError(f"stage must be 1 or 2, got {stage!r}")
@@ -147,10 +148,21 @@ def flat_zero_bytes(n_params: int, stage: int, world: int) -> list[dict[str, int
     for rank in range(world):
         real = max(0, min(size, n_params - rank * size))
         row = {"params": 4 * size * world, "grads": 4 * size * (world if stage == 1 else 1),
-               "optimizer": 8 * real + 4}
+               "optimizer": 8 * real + 4 * n_tensors}
         row["model_states"] = sum(row.values())
         out.append(row)
     return out
+
+
+def fsdp_peak_saving(n_params: int, unit_params: Sequence[int], world: int) -> int:
+    """How many bytes FSDP by hand's peak must stay below ZeRO-2's, at least (fp32).
+
+    ZeRO-2 holds the full parameters (``4Ψ``) all the time; FSDP by hand their shard (``4Ψ/N``)
+    plus, at worst, the gathered root and the largest other unit (``unit_params``: the root's
+    element count first). Activations and the sharded states are the same in both.
+    """
+    root, *others = unit_params
+    return 4 * n_params - 4 * n_params // world - 4 * (root + max(others, default=0))
 
 
 def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,

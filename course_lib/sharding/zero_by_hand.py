@@ -1,36 +1,23 @@
-"""ZeRO-1 and ZeRO-2 by hand: a flat buffer, one shard of Adam per rank (chapter 3).
+"""ZeRO-1 and ZeRO-2 by hand: any torch optimizer, its state kept for this rank's shard (chapter 3).
 
-The notebook types :func:`shard_bounds` and :class:`ZeRO` in a cell; this is their library copy
-(a test keeps the two identical). The model's parameters become views into **one flat fp32
-buffer**, padded to ``N`` equal shards of ``ceil(Ψ/N)`` elements; rank ``r`` owns shard ``r``
-(:func:`shard_bounds`: ``torch.chunk``'s rule, the one FSDP2 applies to each parameter's rows)
-and keeps Adam's two moments for it alone. A step:
-
-* **ZeRO-1** (``stage=1``): ``all_reduce`` the flat gradient — every rank receives the whole
-  sum, ``4Ψ`` bytes, and keeps it — and take the own shard of it;
-* **ZeRO-2** (``stage=2``): ``reduce_scatter_single`` — only the sum of the own shard arrives
-  (``4Ψ/N`` bytes kept); the full local gradients are dropped;
-* both: divide by ``N``, Adam on the own shard (updating the flat buffer in place), then
-  ``all_gather_single`` so every rank holds every updated shard again. (These two are torch
-  2.13's names for ``reduce_scatter_tensor`` and ``all_gather_into_tensor``, now deprecated.)
-
-This minimal version reduces after backward; DeepSpeed's ZeRO-2 reduce-scatters bucket by bucket
-*during* backward, so the full gradient never exists at once. After the step both hold what the
-paper's formula says (:func:`course_lib.sharding.formulas.flat_zero_bytes`); measured here with
-the memory tracker of chapter 1 (:func:`measure_zero_rank`).
+The notebook types :func:`shard_bounds` and :class:`ShardedOptimizer` in a cell; this is their
+library copy (a test keeps the two identical). Each param group's trainable parameters become
+views into **one flat buffer** (their dtype and device), padded to ``N`` equal shards of
+``ceil(Ψ/N)`` elements; rank ``r`` owns the slice :func:`shard_bounds` gives (``torch.chunk``'s
+rule, the one FSDP2 applies to each parameter's rows). The inner optimizer sees only the
+*pieces* of the own shard, one per parameter, so hyperparameters per group, a parameter that got
+no gradient on any rank (skipped, as torch's optimizers skip ``grad is None``) and a 4-byte
+``step`` per piece work as in the plain optimizer. A step averages the gradients — ZeRO-1
+``all_reduce``s the whole flat gradient and keeps it, ZeRO-2 ``reduce_scatter_single``s it so only
+the own shard's sum arrives — steps the pieces, then ``all_gather_single``s the parameters.
+Harnesses (training, the memory tracker) are in :mod:`course_lib.sharding.hand_measure`.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from course_lib.common.data import get_batch
-from course_lib.common.models import GPT, get_config
-from course_lib.memory.report import categorize
-from course_lib.memory.tracker import GlobalMemTracker
-from course_lib.sharding.rank_measure import make_inputs
-
-__all__ = ["shard_bounds", "ZeRO", "train_zero_rank", "measure_zero_rank"]
+__all__ = ["shard_bounds", "ShardedOptimizer", "ZeRO"]
 
 
 def shard_bounds(numel, rank, world):
@@ -40,95 +27,100 @@ def shard_bounds(numel, rank, world):
     return start, min(start + size, numel)
 
 
-class ZeRO:
-    """ZeRO-1 or ZeRO-2 by hand: Adam on this rank's shard of one flat fp32 buffer."""
+class ShardedOptimizer(torch.optim.Optimizer):
+    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): ``optimizer_cls`` on this rank's shard only."""
 
-    def __init__(self, model, stage=2, lr=1e-3):
-        self.params, self.stage = list(model.parameters()), stage
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.numel = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(-(-self.numel // self.world) * self.world)  # N equal shards
-        offset = 0
-        for p in self.params:                         # the model now reads the flat buffer
-            self.flat[offset:offset + p.numel()] = p.detach().flatten()
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
+    def __init__(self, params, optimizer_cls, *, stage=1, **optimizer_kwargs):
+        if stage not in (1, 2):
+            raise ValueError(f"stage must be 1 (shard the optimizer states) or 2 (and the "
+                             f"gradients), got {stage!r}")
+        super().__init__(params, optimizer_kwargs)
+        self.stage, self.rank, self.world = stage, dist.get_rank(), dist.get_world_size()
+        self.flats, inner_groups = [], []
+        for group in self.param_groups:
+            trained = [p for p in group["params"] if p.requires_grad]    # frozen ones: skipped
+            flat, pieces = self._flatten(trained)
+            self.flats.append((flat, trained, pieces))
+            inner_groups.append({**group, "params": [piece for piece, _ in pieces]})
+        self.inner = optimizer_cls(inner_groups, **optimizer_kwargs)  # states for my pieces only
+        for group, inner in zip(self.param_groups, self.inner.param_groups):
+            group.update({k: v for k, v in inner.items() if k != "params"})  # its defaults too
+
+    def _flatten(self, params):
+        """Copy ``params`` into one padded flat buffer, make them views of it; my pieces of it."""
+        numel = sum(p.numel() for p in params)
+        if len({(p.dtype, p.device) for p in params}) > 1:
+            raise ValueError("a param group mixes dtypes or devices: give each its own group")
+        like = params[0] if params else torch.empty(0)
+        flat = torch.zeros(-(-numel // self.world) * self.world, dtype=like.dtype, device=like.device)
+        start, stop = shard_bounds(numel, self.rank, self.world)
+        pieces, offset = [], 0
+        for p in params:                              # the model now reads the flat buffer
+            flat[offset:offset + p.numel()] = p.detach().flatten()
+            p.data = flat[offset:offset + p.numel()].view_as(p)
+            lo, hi = (min(max(x, start), stop) for x in (offset, offset + p.numel()))
+            pieces.append((flat[lo:hi], (lo - start, hi - start)))  # my part of p, maybe empty
             offset += p.numel()
-        start, stop = shard_bounds(self.numel, self.rank, self.world)
-        self.shard = self.flat[start:stop]            # my parameters: a view, updated in place
-        self.optimizer = torch.optim.Adam([self.shard], lr=lr)  # moments for my shard only
+        return flat, pieces
 
-    def zero_grad(self):
-        self.shard.grad = None
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none)
+        self.inner.zero_grad(set_to_none)
 
-    def step(self):
-        """Average the gradients, step Adam on my shard, all-gather the parameters."""
-        grads = torch.zeros_like(self.flat)
-        torch.cat([p.grad.flatten() for p in self.params], out=grads[:self.numel])
-        for p in self.params:
-            p.grad = None                             # the local gradients are used up
+    def step(self, closure=None):
+        """Average the gradients, step my pieces, all-gather the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, inner, (flat, params, pieces) in zip(self.param_groups, self.inner.param_groups,
+                                                        self.flats):
+            inner.update({k: v for k, v in group.items() if k != "params"})  # lr schedules
+            if params:
+                self._reduce(flat, params, pieces)
+        self.inner.step()
+        for flat, params, _ in self.flats:
+            if params:
+                dist.all_gather_single(flat, flat.view(self.world, -1)[self.rank].clone())
+        return loss
+
+    def _reduce(self, flat, params, pieces):
+        """Give each piece of my shard the average gradient (None: no rank computed one)."""
+        got = torch.tensor([int(p.grad is not None) for p in params], device=flat.device)
+        dist.all_reduce(got, op=dist.ReduceOp.MAX)    # one rank's gradient is enough
+        grads, offset = torch.zeros_like(flat), 0
+        for p in params:
+            if p.grad is not None:
+                grads[offset:offset + p.numel()] = p.grad.flatten()
+            p.grad, offset = None, offset + p.numel()  # the local gradients are used up
         if self.stage == 1:                           # ZeRO-1: every rank gets the whole sum
             dist.all_reduce(grads)
             mine = grads.view(self.world, -1)[self.rank]
         else:                                         # ZeRO-2: only my shard's sum arrives
-            mine = torch.empty(self.flat.numel() // self.world)
+            mine = torch.empty_like(grads[:flat.numel() // self.world])
             dist.reduce_scatter_single(mine, grads)
         mine /= self.world
-        self.shard.grad = mine[:self.shard.numel()]
-        self.optimizer.step()                         # Adam on my shard only
-        dist.all_gather_single(self.flat, self.flat.view(self.world, -1)[self.rank].clone())
+        for (piece, (lo, hi)), has_grad in zip(pieces, got.tolist()):
+            piece.grad = mine[lo:hi] if has_grad else None
+
+    def state_dict(self):
+        """This rank's shard of the state (each rank saves its own, as DCP does)."""
+        return {"rank": self.rank, "world": self.world, "stage": self.stage,
+                "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state_dict):
+        mine = {"rank": self.rank, "world": self.world, "stage": self.stage}
+        theirs = {key: state_dict.get(key) for key in mine}
+        if theirs != mine:
+            raise ValueError(f"this state dict was saved by {theirs}, not by {mine}: each rank "
+                             "loads the shard it saved, at the same world size and stage")
+        self.inner.load_state_dict(state_dict["inner"])
+        for group, inner in zip(self.param_groups, self.inner.param_groups):
+            group.update({k: v for k, v in inner.items() if k != "params"})
 
 
-def train_zero_rank(zero_class=ZeRO, stage: int = 2, config="tiny", *, steps: int = 3,
-                    batch: tuple[int, int] = (4, 32), lr: float = 1e-3, seed: int = 0) -> dict:
-    """Inside a rank: train with ``zero_class(model, stage=..., lr=...)`` as
-    :func:`course_lib.sharding.strategies.train_rank` trains torch's strategies (same seed, data
-    and Adam), so the results compare directly. Returns ``{"losses", "params"}``."""
-    if stage not in (1, 2):
-        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    config = get_config(config)
-    torch.manual_seed(seed)                           # the same initial weights on every rank
-    model = GPT(config)
-    zero = zero_class(model, stage=stage, lr=lr)
-    losses = []
-    for step in range(steps):
-        inputs, targets = get_batch(*batch, seed=seed, step=step, rank=rank, world_size=world)
-        zero.zero_grad()
-        loss = GPT.loss(model(inputs % config.vocab_size), targets % config.vocab_size)
-        loss.backward()
-        zero.step()
-        losses.append(loss.item())
-    return {"losses": losses,
-            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+class ZeRO(ShardedOptimizer):
+    """Chapter 3's first version, kept for old code: ``ZeRO(model, stage=2, lr=1e-3)`` = Adam."""
 
-
-def measure_zero_rank(zero_class=ZeRO, stage: int = 2, config="tiny", *,
-                      batch: tuple[int, int] = (4, 32), seed: int = 0) -> dict[str, int]:
-    """Inside a rank: bytes this rank holds after a ZeRO step, as the memory tracker files them.
-
-    Two steps (Adam's moments appear in the first) under chapter 1's ``GlobalMemTracker``. The
-    shard's gradient is created inside ``step()``, outside forward and backward, so the tracker
-    would file it as an activation: it is told it is a gradient (``track_grads``).
-    """
-    if stage not in (1, 2):
-        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
-    config = get_config(config)
-    torch.manual_seed(seed)
-    model = GPT(config)
-    zero = zero_class(model, stage=stage)
-    inputs, targets = make_inputs(config, batch, seed=seed, rank=dist.get_rank())
-    tracker = GlobalMemTracker()
-    tracker.track_external(model, inputs, targets)
-    with tracker:
-        for _ in range(2):
-            tracker.reset_mod_stats()
-            zero.zero_grad()
-            loss = GPT.loss(model(inputs), targets)
-            loss.backward()
-            del loss
-            zero.step()
-            tracker.track_grads([zero.shard.grad])
-        after = categorize(tracker.get_tracker_snapshot())
-    out = {key: after[key] for key in ("params", "grads", "optimizer")}
-    out["model_states"] = sum(out.values())
-    return out
+    def __init__(self, model, stage=2, lr=1e-3):
+        super().__init__(model.parameters(), torch.optim.Adam, stage=stage, lr=lr)

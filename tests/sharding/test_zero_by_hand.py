@@ -1,4 +1,4 @@
-"""Chapter 3: ZeRO-1/2 by hand == DDP == torch's ZeRO; its bytes == the formula; the exercise."""
+"""Chapter 3: ShardedOptimizer on the GPT == DDP == torch's ZeRO; its bytes == the formula; the exercise."""
 from __future__ import annotations
 
 import pytest
@@ -9,21 +9,34 @@ from course_lib.common.models import get_config, param_count
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.exercises import SIZES, check_shard_bounds
 from course_lib.sharding.strategies import train_rank
-from course_lib.sharding.zero_by_hand import (ZeRO, measure_zero_rank, shard_bounds,
-                                              train_zero_rank)
+from course_lib.sharding.hand_measure import measure_zero_rank, train_zero_rank
+from course_lib.sharding.zero_by_hand import ShardedOptimizer, ZeRO, shard_bounds
 
 # Without biases: attention's key bias has an exactly-zero gradient whose computed value is
 # rounding noise, which Adam turns into ±lr steps (see tests/sharding/test_strategies.py).
 CONFIG = get_config("tiny").replace(bias=False)
 PSI = param_count(CONFIG)
+TENSORS = len(zero.param_shapes(CONFIG))
 
 
 def _all(config):
     out = {s: train_rank(config, s, steps=3, batch=(4, 32)) for s in ("ddp", "zero1", "zero2")}
     for stage in (1, 2):
-        out[stage] = train_zero_rank(ZeRO, stage, config, steps=3, batch=(4, 32))
-        out[f"bytes{stage}"] = measure_zero_rank(ZeRO, stage, config, batch=(4, 32))
+        out[stage] = train_zero_rank(ShardedOptimizer, stage, config, steps=3, batch=(4, 32))
+        out[f"bytes{stage}"] = measure_zero_rank(ShardedOptimizer, stage, config, batch=(4, 32))
+    out["old name"] = train_zero_rank(lambda params, cls, stage, lr: ZeRO(_Holder(params), stage, lr),
+                                      2, config, steps=1, batch=(4, 32))["losses"]
     return out
+
+
+class _Holder:
+    """Stands for a model: ``ZeRO(model, ...)``, the old signature, reads ``model.parameters()``."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def parameters(self):
+        return iter(self.params)
 
 
 @pytest.fixture(scope="module", params=[2, 3])
@@ -45,12 +58,14 @@ def test_by_hand_trains_like_ddp_and_torchs_zero(ranks, no_leftover_ranks):
 def test_by_hand_bytes_per_rank_equal_the_flat_formula(ranks):
     world = len(ranks)
     for stage in (1, 2):
-        formula = zero.flat_zero_bytes(PSI, stage, world)
-        assert [r[f"bytes{stage}"] for r in ranks] == formula
+        formula = zero.flat_zero_bytes(PSI, stage, world, TENSORS)
+        measured = [{k: v for k, v in r[f"bytes{stage}"].items() if k != "peak"} for r in ranks]
+        assert measured == formula
     if PSI % world == 0:  # no padding: the paper's staging with fp32 sizes, plus Adam's step
         ideal = zero.ideal_bytes(PSI, world)
-        assert ranks[0]["bytes1"]["model_states"] == ideal["zero1"] + 4
-        assert ranks[0]["bytes2"]["model_states"] == ideal["zero2"] + 4
+        assert ranks[0]["bytes1"]["model_states"] == ideal["zero1"] + 4 * TENSORS
+        assert ranks[0]["bytes2"]["model_states"] == ideal["zero2"] + 4 * TENSORS
+    assert ranks[0]["old name"] == ranks[0][2]["losses"][:1]  # ZeRO(model, stage, lr) still works
 
 
 def test_flat_formula_pads_to_equal_shards():
@@ -58,6 +73,7 @@ def test_flat_formula_pads_to_equal_shards():
     assert [r["params"] for r in rows] == [48] * 4
     assert [r["grads"] for r in rows] == [12] * 4
     assert [r["optimizer"] for r in rows] == [28, 28, 28, 12]
+    assert [r["optimizer"] for r in zero.flat_zero_bytes(10, 2, 4, n_tensors=3)] == [36, 36, 36, 20]
     with pytest.raises(ValueError, match="stage"):
         zero.flat_zero_bytes(10, 3, 4)
 
@@ -124,6 +140,6 @@ def test_shard_bounds_exercise_passes_the_solution_and_refuses_bad_arguments():
 
 def test_stage_is_checked():
     with pytest.raises(ValueError, match="stage"):
-        train_zero_rank(ZeRO, 3)
+        train_zero_rank(ShardedOptimizer, 3)
     with pytest.raises(ValueError, match="stage"):
-        measure_zero_rank(ZeRO, 0)
+        measure_zero_rank(ShardedOptimizer, 0)
