@@ -1,8 +1,8 @@
 """Run pipelines on real processes and measure them: bubble, activation stash, correctness (chapter 4).
 
 * :func:`measure_pipeline` runs the hand-written schedules of :mod:`course_lib.pipeline_parallel.schedules` on ``p``
-  processes (one thread each, so stages do not fight over cores) and turns the recorded events
-  into a :class:`PipelineReport`: each rank's time split into compute, transfer (a message
+  processes (one thread each, so stages do not fight over cores), each stage's steps timed from
+  outside (:mod:`~course_lib.pipeline_parallel.trace`), and turns the recorded events into a :class:`PipelineReport`: each rank's time split into compute, transfer (a message
   already sent, not yet received) and bubble (nothing to do: input not produced yet, or done),
   the measured bubble fraction next to ``(p-1)/(m+p-1)``.
 * :func:`torch_pipeline` runs the same split with ``torch.distributed.pipelining``
@@ -21,8 +21,8 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.pipeline_parallel.schedules import (Stage, StageTrace, check_pipeline, run_schedule,
-                                                    schedule_ops)
+from course_lib.pipeline_parallel.schedules import Stage, check_pipeline, run_schedule, schedule_ops
+from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
            "measured_bubble", "ready_times", "pipeline_rank", "measure_pipeline", "torch_pipeline",
@@ -160,7 +160,8 @@ def pipeline_rank(config: GPTConfig, schedule: str, m: int, batch: int, seed: in
         stage.zero_grad(set_to_none=True)
         traces.append(StageTrace(rank))
         dist.barrier()
-        run_schedule(stage, schedule, micro_in, micro_tg, act_shape, traces[-1], ops or schedule_ops)
+        traces[-1].loss = run_schedule(TracedSteps(stage, micro_tg, traces[-1]), schedule, micro_in,
+                                       act_shape, ops or schedule_ops)
     if grads:
         traces[-1].grads = {stage.global_name(n): q.grad.clone() for n, q in stage.named_parameters()}
     return traces[warmup:]

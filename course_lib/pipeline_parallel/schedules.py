@@ -10,18 +10,14 @@ owns the embeddings, the last one ``ln_f``, ``lm_head`` and the loss. A batch is
   backward, so it never holds more than ``p - rank`` micro-batches' activations. Same bubble.
 
 Both leave stages idle while the pipeline fills and drains: the **bubble**, a fraction
-``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same. :func:`run_schedule` records
-when each forward/backward ran and each blocking receive waited (``time.perf_counter``, plus
-the CPU time of each operation) and how many bytes of activations were stashed, so chapter 4
-can measure both instead of quoting them.
+``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same. :func:`run_schedule` is the
+plain loop; what a stage does for one micro-batch (receive, forward, backward) is
+:class:`StageSteps`, which :mod:`~course_lib.pipeline_parallel.trace` times from outside.
 Sends use ``dist.isend`` (a stage never waits for its neighbour to be ready to receive — that
-would deadlock 1F1B); receives block. :mod:`course_lib.pipeline_parallel.measure` splits that waiting
-into bubble (the input did not exist yet) and transfer (it was sent, not yet received).
+would deadlock 1F1B); receives block.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -31,7 +27,7 @@ from torch import nn
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig
 
-__all__ = ["Stage", "check_pipeline", "schedule_ops", "SCHEDULES", "StageTrace", "run_schedule"]
+__all__ = ["Stage", "check_pipeline", "schedule_ops", "SCHEDULES", "StageSteps", "run_schedule"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -94,86 +90,64 @@ def schedule_ops(schedule: str, p: int, m: int, rank: int) -> list[tuple[str, in
     return ops + [("B", i) for i in range(m - warmup, m)]   # cool-down
 
 
-@dataclass
-class StageTrace:
-    """What one stage did: ``events`` = (kind, micro-batch, start, end) in perf_counter seconds."""
+class StageSteps:
+    """What one stage does for one micro-batch: receive, forward, backward.
 
-    rank: int
-    events: list = field(default_factory=list)
-    waits: list = field(default_factory=list)   # (kind, micro-batch, start, end) blocked in recv
-    cpu: list = field(default_factory=list)     # CPU seconds of each event (thread_time)
-    stash_peak_count: int = 0        # micro-batches whose activations were held at once, at most
-    stash_peak_bytes: int = 0        # bytes of saved activations at that moment (measured)
-    loss: float | None = None        # mean loss over micro-batches (last stage only)
-    grads: dict = field(default_factory=dict)
-
-
-def _saved_bytes(stage: nn.Module, store: dict) -> torch.autograd.graph.saved_tensors_hooks:
-    """Hooks that add up the bytes autograd saves for backward (each storage once, no params)."""
-    params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and ptr not in store:
-            store[ptr] = t.untyped_storage().nbytes()
-        return t
-    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-
-
-def run_schedule(stage: Stage, schedule: str, micro_inputs: list, micro_targets: list,
-                 act_shape: tuple[int, ...], trace: StageTrace,
-                 ops: Callable[[str, int, int, int], list] = schedule_ops) -> None:
-    """Run one training step of ``schedule`` on this rank, appending to ``trace``.
-
-    ``micro_inputs``/``micro_targets`` are used by the first/last stage only; ``act_shape`` is the
-    shape of the activations passed between stages. Gradients accumulate in ``stage``'s
-    parameters, each micro-batch's loss scaled by ``1/m`` (so they equal the full batch's).
-    ``ops(schedule, p, m, rank)`` gives the order (:func:`schedule_ops`, or a notebook's copy).
+    :func:`run_schedule` decides *when* each happens; this class does it. The chapter's
+    measurements subclass it and time every call from outside
+    (:class:`~course_lib.pipeline_parallel.trace.TracedSteps`); ``kind`` and ``i`` are for them.
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
+
+    def __init__(self, stage: Stage, micro_targets: list) -> None:
+        self.stage, self.targets = stage, micro_targets
+
+    def recv(self, kind: str, i: int, shape: tuple[int, ...], src: int) -> torch.Tensor:
+        """The activation (``kind`` "F") or gradient ("B") of micro-batch ``i``, from ``src``."""
+        x = torch.empty(shape)
+        dist.recv(x, src=src)                # blocks: waiting here is idle time
+        return x
+
+    def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """This stage's output for micro-batch ``i``; on the last stage, its loss scaled by 1/m."""
+        y = self.stage(x)
+        return GPT.loss(y, self.targets[i]) / len(self.targets) if self.stage.last else y
+
+    def backward(self, i: int, y: torch.Tensor, grad: torch.Tensor | None) -> None:
+        """Backpropagate micro-batch ``i`` from ``y`` (``grad``: dLoss/dy, None for a loss)."""
+        torch.autograd.backward(y, grad)
+
+
+def run_schedule(steps: StageSteps, schedule: str, micro_inputs: list, act_shape: tuple[int, ...],
+                 ops: Callable[[str, int, int, int], list] = schedule_ops) -> float | None:
+    """Run one training step of ``schedule`` on this rank; the last stage returns its loss.
+
+    ``steps`` receives and computes (:class:`StageSteps`); ``micro_inputs`` are used by the first
+    stage only; ``act_shape`` is the shape of the activations passed between stages. Gradients
+    accumulate in the stage's parameters (the loss of each micro-batch is scaled by ``1/m``, so
+    they equal the full batch's). ``ops(schedule, p, m, rank)`` gives the order
+    (:func:`schedule_ops`, or a notebook's copy).
+    """
+    stage, rank, p = steps.stage, dist.get_rank(), dist.get_world_size()
     m = len(micro_inputs)
-    stash: dict[int, tuple] = {}                     # micro-batch -> (input, output, bytes)
-    sends, losses = [], []
+    stash, sends, losses = {}, [], []        # stash: micro-batch -> (input, output)
     for kind, i in ops(schedule, p, m, rank):
         if kind == "F":
             if stage.first:
                 x = micro_inputs[i]
             else:
-                x = torch.empty(act_shape)
-                start = time.perf_counter()
-                dist.recv(x, src=rank - 1)           # waiting here is idle time
-                trace.waits.append(("F", i, start, time.perf_counter()))
-                x.requires_grad_()
-            saved: dict = {}
-            start, cpu = time.perf_counter(), time.thread_time()
-            with _saved_bytes(stage, saved):
-                y = stage(x)
-                if stage.last:
-                    y = GPT.loss(y, micro_targets[i]) / m
-            trace.events.append(("F", i, start, time.perf_counter()))
-            trace.cpu.append(time.thread_time() - cpu)
+                x = steps.recv("F", i, act_shape, rank - 1).requires_grad_()
+            y = steps.forward(i, x)
             if stage.last:
                 losses.append(y.item())
-            else:
+            else:                            # keep y alive until its send is done
                 sends.append((dist.isend(y.detach(), dst=rank + 1), y))
-            stash[i] = (x, y, sum(saved.values()))
-            trace.stash_peak_count = max(trace.stash_peak_count, len(stash))
-            trace.stash_peak_bytes = max(trace.stash_peak_bytes, sum(s[2] for s in stash.values()))
+            stash[i] = (x, y)
         else:
-            x, y, _ = stash.pop(i)
-            grad = None
-            if not stage.last:
-                grad = torch.empty(act_shape)
-                start = time.perf_counter()
-                dist.recv(grad, src=rank + 1)
-                trace.waits.append(("B", i, start, time.perf_counter()))
-            start, cpu = time.perf_counter(), time.thread_time()
-            torch.autograd.backward(y, grad)
-            trace.events.append(("B", i, start, time.perf_counter()))
-            trace.cpu.append(time.thread_time() - cpu)
+            x, y = stash.pop(i)
+            grad = None if stage.last else steps.recv("B", i, act_shape, rank + 1)
+            steps.backward(i, y, grad)
             if not stage.first:
                 sends.append((dist.isend(x.grad, dst=rank - 1), x))
     for work, _ in sends:
         work.wait()
-    if stage.last:
-        trace.loss = sum(losses)
+    return sum(losses) if stage.last else None

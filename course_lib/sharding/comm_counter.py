@@ -1,11 +1,13 @@
-"""Count the bytes a training step hands to collectives, by collective type (chapters 2-3).
+"""Count the bytes a training step hands to collectives, by collective type: the course's one byte counter.
 
 DDP's reducer (C++), FSDP2 and ``ZeroRedundancyOptimizer`` all end up calling the c10d
 operators ``torch.ops.c10d.*`` (``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``,
 ``broadcast_`` ...) through the dispatcher, on gloo as on NCCL. :class:`CommCounter` is a
 ``TorchDispatchMode`` that sees every such call made on this rank while it is active — also the
 ones DDP issues from inside ``backward`` — and adds up the sizes of the tensors involved.
-(``torch.distributed.tensor.debug.CommDebugMode`` sees the same calls but only counts them.)
+It also sees the *functional* collectives ``torch.ops._c10d_functional.*`` that DTensor (tensor
+parallelism, chapter 4) and compiled code issue; they return their output instead of filling an
+argument. (``torch.distributed.tensor.debug.CommDebugMode`` sees the same calls but only counts them.)
 
 For each call the **message size** ``S`` is recorded as nccl-tests prints it: the whole buffer
 (the all-reduce / broadcast tensors, the all-gather *output*, the reduce-scatter *input*), i.e.
@@ -30,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["CommCounter", "COLLECTIVE_NAMES", "volume_factor"]
+__all__ = ["CommCounter", "COLLECTIVE_NAMES", "FUNCTIONAL_NAMES", "volume_factor"]
 
 #: c10d operator name -> collective type, as the course names them.
 COLLECTIVE_NAMES: dict[str, str] = {
@@ -42,6 +44,14 @@ COLLECTIVE_NAMES: dict[str, str] = {
     "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
     "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "send": "send", "recv_": "recv",
     "recv_any_source_": "recv",
+}
+#: functional collective (``_c10d_functional::``) -> collective type. Their autograd variants
+#: (``_c10d_functional_autograd::``) call these inside, so they are not listed (no double count).
+FUNCTIONAL_NAMES: dict[str, str] = {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all", "broadcast": "broadcast",
 }
 
 
@@ -56,7 +66,7 @@ def _nbytes(arg: Any) -> int:
 
 
 class CommCounter(TorchDispatchMode):
-    """Records ``(collective, message bytes, dtype)`` for every c10d collective while active.
+    """Records ``(collective, message bytes, dtype)`` for every c10d or functional collective while active.
 
     ``calls`` lists them in order; :meth:`bytes_by_type`, :meth:`calls_by_type` and
     :meth:`volume` summarise. Barriers and other tensor-less calls are ignored.
@@ -69,13 +79,19 @@ class CommCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         schema = getattr(func, "_schema", None)
-        if schema is not None and schema.name.startswith("c10d::"):
-            kind = COLLECTIVE_NAMES.get(schema.name.split("::", 1)[1])
-            if kind is not None:
-                size = max(_nbytes(args[0]) if args else 0, _nbytes(args[1]) if len(args) > 1 else 0)
-                leaves = [t for t in tree_flatten(args[:2])[0] if isinstance(t, torch.Tensor)]
-                self.calls.append((kind, size, leaves[0].dtype if leaves else None))
-        return func(*args, **kwargs)
+        space, _, name = schema.name.partition("::") if schema is not None else ("", "", "")
+        out = func(*args, **kwargs)
+        if space == "c10d" and name in COLLECTIVE_NAMES:      # in place: output is an argument
+            self._record(COLLECTIVE_NAMES[name], args[:2], args[:2])
+        elif space == "_c10d_functional" and name in FUNCTIONAL_NAMES:
+            self._record(FUNCTIONAL_NAMES[name], (args[0], out), args[:1])
+        return out
+
+    def _record(self, kind: str, buffers: tuple, inputs: tuple) -> None:
+        """One call: its message size is the larger of ``buffers`` (input and output)."""
+        leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        self.calls.append((kind, max(_nbytes(b) for b in buffers) if buffers else 0,
+                           leaves[0].dtype if leaves else None))
 
     def reset(self) -> None:
         """Forget what was counted so far (e.g. between a warm-up step and a measured one)."""

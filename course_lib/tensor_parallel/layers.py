@@ -13,6 +13,8 @@ Two conjugate autograd functions carry all the communication (Megatron calls the
 ``f`` = identity forward, all-reduce backward (where a replicated input enters a column-parallel
 linear); ``g`` = all-reduce forward, identity backward (after a row-parallel linear).
 Per block: 2 all-reduces of ``b·s·h`` elements in forward (two g) and 2 in backward (two f).
+No instrument inside: the bytes are counted from outside, by the course's one counter
+(:class:`~course_lib.sharding.comm_counter.CommCounter`, in :mod:`~course_lib.tensor_parallel.measure`).
 
 :func:`dtensor_block` builds the same split with ``torch.distributed.tensor.parallel``; both are
 checked against the dense :class:`course_lib.common.models.Block` in ``tests/tensor_parallel/test_tensor_parallel.py``.
@@ -20,7 +22,6 @@ checked against the dense :class:`course_lib.common.models.Block` in ``tests/ten
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -30,68 +31,48 @@ from torch import nn
 from course_lib.common.checks import positive_int
 from course_lib.common.models import Block, GPT, GPTConfig
 
-__all__ = ["CommLog", "copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
-           "tp_plan", "check_tp_degree", "qkv_rows", "dtensor_block", "byte_counting_mode",
-           "param_bytes", "expected_block_bytes"]
-
-
-@dataclass
-class CommLog:
-    """Bytes handed to each all-reduce, as ``(phase, bytes)`` records: the measured traffic."""
-
-    records: list = field(default_factory=list)
-
-    def add(self, phase: str, tensor: torch.Tensor) -> None:
-        self.records.append((phase, tensor.numel() * tensor.element_size()))
-
-    def total(self, phase: str) -> int:
-        return sum(n for p, n in self.records if p == phase)
-
-    def count(self, phase: str) -> int:
-        return sum(1 for p, _ in self.records if p == phase)
+__all__ = ["copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
+           "tp_plan", "check_tp_degree", "qkv_rows", "dtensor_block", "param_bytes",
+           "expected_block_bytes"]
 
 
 class _CopyToTP(torch.autograd.Function):
     """f: identity in forward; all-reduce of the gradient in backward."""
 
     @staticmethod
-    def forward(ctx, x, group, log):
-        ctx.group, ctx.log = group, log
+    def forward(ctx, x, group):
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous()
-        if ctx.log is not None:
-            ctx.log.add("backward", grad)
         dist.all_reduce(grad, group=ctx.group)  # each rank saw only its heads / its 4h/t slice
-        return grad, None, None
+        return grad, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     """g: all-reduce (sum of the partial outputs) in forward; identity in backward."""
 
     @staticmethod
-    def forward(ctx, x, group, log):
+    def forward(ctx, x, group):
         x = x.contiguous().clone()
-        if log is not None:
-            log.add("forward", x)
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None
+        return grad, None
 
 
-def copy_to_tp(x: torch.Tensor, group=None, log: CommLog | None = None) -> torch.Tensor:
+def copy_to_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     """Megatron's f: enter a tensor-parallel region (identity forward, all-reduce backward)."""
-    return _CopyToTP.apply(x, group, log)
+    return _CopyToTP.apply(x, group)
 
 
-def reduce_from_tp(x: torch.Tensor, group=None, log: CommLog | None = None) -> torch.Tensor:
+def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     """Megatron's g: leave a tensor-parallel region (all-reduce forward, identity backward)."""
-    return _ReduceFromTP.apply(x, group, log)
+    return _ReduceFromTP.apply(x, group)
 
 
 def check_tp_degree(config: GPTConfig, t: int) -> None:
@@ -130,10 +111,9 @@ def _slice_linear(dense: nn.Linear, rows: torch.Tensor | None = None, cols: slic
 class TPAttention(nn.Module):
     """Attention on ``a/t`` local heads: qkv column-parallel, proj row-parallel (bias after g)."""
 
-    def __init__(self, dense, config: GPTConfig, rank: int, t: int, group=None,
-                 log: CommLog | None = None) -> None:
+    def __init__(self, dense, config: GPTConfig, rank: int, t: int, group=None) -> None:
         super().__init__()
-        self.group, self.log, self.head_dim = group, log, config.head_dim
+        self.group, self.head_dim = group, config.head_dim
         per = config.d_model // t
         self.qkv = _slice_linear(dense.qkv, rows=qkv_rows(config, rank, t))
         self.proj = _slice_linear(dense.proj, cols=slice(rank * per, (rank + 1) * per), bias=False)
@@ -141,56 +121,54 @@ class TPAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        x = copy_to_tp(x, self.group, self.log)                      # f
+        x = copy_to_tp(x, self.group)                                # f
         q, k, v = self.qkv(x).view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # local heads only
         y = self.proj(y.transpose(1, 2).reshape(b, s, -1))           # partial sum over heads
-        y = reduce_from_tp(y, self.group, self.log)                  # g
+        y = reduce_from_tp(y, self.group)                            # g
         return y if self.proj_bias is None else y + self.proj_bias
 
 
 class TPMLP(nn.Module):
     """The MLP with ``fc`` column-parallel and ``proj`` row-parallel (bias after g)."""
 
-    def __init__(self, dense, config: GPTConfig, rank: int, t: int, group=None,
-                 log: CommLog | None = None) -> None:
+    def __init__(self, dense, config: GPTConfig, rank: int, t: int, group=None) -> None:
         super().__init__()
-        self.group, self.log = group, log
+        self.group = group
         width = 4 * config.d_model // t
         self.fc = _slice_linear(dense.fc, rows=torch.arange(rank * width, (rank + 1) * width))
         self.proj = _slice_linear(dense.proj, cols=slice(rank * width, (rank + 1) * width), bias=False)
         self.proj_bias = None if dense.proj.bias is None else nn.Parameter(dense.proj.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(x, self.group, self.log)                      # f
+        x = copy_to_tp(x, self.group)                                # f
         y = self.proj(F.gelu(self.fc(x)))                            # partial sum over 4h/t
-        y = reduce_from_tp(y, self.group, self.log)                  # g
+        y = reduce_from_tp(y, self.group)                            # g
         return y if self.proj_bias is None else y + self.proj_bias
 
 
 class TPBlock(nn.Module):
     """A :class:`~course_lib.common.models.Block` split over ``t`` ranks; LayerNorms stay replicated."""
 
-    def __init__(self, dense: Block, config: GPTConfig, rank: int, t: int, group=None,
-                 log: CommLog | None = None) -> None:
+    def __init__(self, dense: Block, config: GPTConfig, rank: int, t: int, group=None) -> None:
         super().__init__()
         check_tp_degree(config, t)
         if config.attention != "sdpa":
             raise ValueError("the tensor-parallel block implements attention='sdpa' only")
         self.ln1, self.ln2 = copy.deepcopy(dense.ln1), copy.deepcopy(dense.ln2)
-        self.attn = TPAttention(dense.attn, config, rank, t, group, log)
-        self.mlp = TPMLP(dense.mlp, config, rank, t, group, log)
+        self.attn = TPAttention(dense.attn, config, rank, t, group)
+        self.mlp = TPMLP(dense.mlp, config, rank, t, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # the same two lines as Block.forward
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
-def tp_gpt(dense: GPT, rank: int, t: int, group=None, log: CommLog | None = None) -> GPT:
+def tp_gpt(dense: GPT, rank: int, t: int, group=None) -> GPT:
     """A copy of ``dense`` whose blocks are :class:`TPBlock`; embeddings and head replicated."""
     check_tp_degree(dense.config, t)
     model = copy.deepcopy(dense)
-    model.blocks = nn.ModuleList(TPBlock(b, dense.config, rank, t, group, log) for b in dense.blocks)
+    model.blocks = nn.ModuleList(TPBlock(b, dense.config, rank, t, group) for b in dense.blocks)
     return model
 
 
@@ -236,32 +214,6 @@ def dtensor_block(dense: Block, config: GPTConfig, mesh) -> Block:
 def tp_plan() -> dict[str, str]:
     """Megatron's split of a block, used by both versions: which linears are column/row-parallel."""
     return {"attn.qkv": "column", "attn.proj": "row", "mlp.fc": "column", "mlp.proj": "row"}
-
-
-def byte_counting_mode():
-    """A ``CommDebugMode`` that also records the bytes of every collective's input tensor.
-
-    Set ``mode.phase`` ("forward"/"backward") before each part; ``mode.log`` is a
-    :class:`CommLog`. (Built on call: importing DTensor's debug tools takes a while.)
-    """
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
-
-    class ByteCountingMode(CommDebugMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.log, self.phase = CommLog(), "forward"
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not isinstance(func, torch._ops.HigherOrderOperator) and DTensor not in types:
-                packet = func._overloadpacket
-                if packet in self.comm_registry or packet in c10d_collective_ops:
-                    first = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
-                    self.log.add(self.phase, first)   # plain tensors: DTensor already desugared
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
-    return ByteCountingMode()
 
 
 def param_bytes(module: nn.Module) -> dict[str, int]:

@@ -4,14 +4,15 @@
 :func:`course_lib.run`): it builds the dense :class:`~course_lib.common.models.Block` from a seed,
 runs forward + backward densely (the reference), then the hand-written :class:`TPBlock` or the
 DTensor version, and returns this rank's output, input gradient, its gradient shards beside the
-matching slices of the dense gradients, its parameter bytes and the bytes it all-reduced.
+matching slices of the dense gradients, its parameter bytes and the bytes it all-reduced,
+counted from outside by :class:`~course_lib.sharding.comm_counter.CommCounter` (the same counter
+for the hand-written, DTensor and Megatron-core blocks; the blocks carry no instrument).
 :func:`measure_tp` validates the request before any process starts and collects the ranks.
 :func:`dense_block_run` and :func:`tp_report` are the shared reference machinery: the
 Megatron-core block of :mod:`course_lib.tensor_parallel.megatron` is held against the same dense run.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -21,12 +22,13 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import Block, GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.tensor_parallel.layers import (CommLog, TPBlock, byte_counting_mode,
-                                               check_tp_degree, dtensor_block,
+from course_lib.sharding.comm_counter import CommCounter
+from course_lib.tensor_parallel.layers import (TPBlock, check_tp_degree, dtensor_block,
                                                expected_block_bytes, param_bytes, qkv_rows,
                                                tp_gpt)
 
-__all__ = ["TPReport", "DenseBlockRun", "dense_block_run", "tp_report", "hand_or_dtensor_report",
+__all__ = ["TPReport", "DenseBlockRun", "dense_block_run", "counted_step", "tp_report",
+           "hand_or_dtensor_report",
            "tp_block_rank", "measure_tp", "TP_CONFIG", "TPModelReport", "tp_gpt_rank",
            "measure_tp_model"]
 
@@ -49,8 +51,8 @@ class TPReport:
     grads: dict          # name -> (this rank's gradient shard, the matching dense slice)
     param_bytes: dict    # {"split": ..., "replicated": ...} on this rank
     dense_param_bytes: int
-    comm_bytes: dict     # {"forward": bytes, "backward": bytes} measured at the all-reduces
-    comm_calls: dict     # {"forward": n, "backward": n}
+    comm_bytes: dict     # {"forward": bytes, "backward": bytes} handed to collectives (CommCounter)
+    comm_calls: dict     # {"forward": n, "backward": n} collectives
     expected: dict       # expected_block_bytes(...)
 
 
@@ -98,23 +100,30 @@ def dense_block_run(config: GPTConfig, batch: int = 2, seed: int = 0) -> DenseBl
     return DenseBlockRun(config, dense, x, target, out_d.detach(), xd.grad.clone())
 
 
-def tp_report(ref: DenseBlockRun, impl: str, block: torch.nn.Module, log: CommLog | None,
-              names: dict | None = None) -> TPReport:
-    """Run ``block`` forward + the same loss's backward on this rank and compare with ``ref``.
+def counted_step(forward, backward) -> tuple[object, dict, dict]:
+    """Run ``forward()`` then ``backward(its output)`` under one :class:`CommCounter`:
+    ``(output, bytes, calls)``, the last two split ``{"forward": ..., "backward": ...}``."""
+    phases = {}
+    with CommCounter() as counter:
+        out = forward()
+        out = out.wait() if hasattr(out, "wait") else out   # an AsyncCollectiveTensor
+        phases["forward"] = list(counter.calls)
+        counter.reset()
+        backward(out)
+        phases["backward"] = list(counter.calls)
+    return (out, {p: sum(size for _, size, _ in c) for p, c in phases.items()},
+            {p: len(c) for p, c in phases.items()})
 
-    ``log`` is a :class:`CommLog` the block fills itself, or ``None``: the collectives are then
-    counted by :func:`byte_counting_mode`; ``names`` renames parameters to the dense block's.
-    """
+
+def tp_report(ref: DenseBlockRun, impl: str, block: torch.nn.Module,
+              names: dict | None = None) -> TPReport:
+    """Run ``block`` forward + the same loss's backward on this rank and compare with ``ref``;
+    its collectives are counted from outside (:func:`counted_step`). ``names`` renames
+    parameters to the dense block's."""
     rank, t = dist.get_rank(), dist.get_world_size()
     xt = ref.x.clone().requires_grad_()
-    mode = byte_counting_mode() if log is None else None
-    with mode or contextlib.nullcontext():
-        out = block(xt)
-        out = out.wait() if hasattr(out, "wait") else out   # an AsyncCollectiveTensor
-        if mode is not None:
-            mode.phase = "backward"
-        ((out - ref.target) ** 2).mean().backward()
-    log = log if mode is None else mode.log
+    out, comm_bytes, comm_calls = counted_step(
+        lambda: block(xt), lambda out: ((out - ref.target) ** 2).mean().backward())
     names = names or {}
     local = {names.get(n, n): _local(p.grad) for n, p in block.named_parameters()}
     expected = _dense_slices(ref.dense, ref.config, rank, t)
@@ -123,9 +132,7 @@ def tp_report(ref: DenseBlockRun, impl: str, block: torch.nn.Module, log: CommLo
     return TPReport(rank, t, impl, out.detach().clone(), ref.output, xt.grad.clone(), ref.input_grad,
                     grads, param_bytes(block),
                     sum(p.numel() * p.element_size() for p in ref.dense.parameters()),
-                    {p: log.total(p) for p in ("forward", "backward")},
-                    {p: log.count(p) for p in ("forward", "backward")},
-                    expected_block_bytes(batch, seq, h))
+                    comm_bytes, comm_calls, expected_block_bytes(batch, seq, h))
 
 
 def tp_block_rank(config: GPTConfig, impl: str = "hand", batch: int = 2, seed: int = 0) -> TPReport:
@@ -137,13 +144,12 @@ def hand_or_dtensor_report(ref: DenseBlockRun, impl: str) -> TPReport:
     """This rank's :class:`TPReport` for the hand-written (``"hand"``) or DTensor block."""
     rank, t = dist.get_rank(), dist.get_world_size()
     if impl == "hand":
-        log = CommLog()
-        block = TPBlock(ref.dense, ref.config, rank, t, log=log)
+        block = TPBlock(ref.dense, ref.config, rank, t)
         names = {"attn.proj_bias": "attn.proj.bias", "mlp.proj_bias": "mlp.proj.bias"}
-        return tp_report(ref, impl, block, log, names)
+        return tp_report(ref, impl, block, names)
     from torch.distributed.device_mesh import init_device_mesh
     block = dtensor_block(ref.dense, ref.config, init_device_mesh("cpu", (t,)))
-    return tp_report(ref, impl, block, None)
+    return tp_report(ref, impl, block)
 
 
 def measure_tp(t: int = 2, impl: str = "hand", config: GPTConfig | str = TP_CONFIG, batch: int = 2,
@@ -179,17 +185,16 @@ def tp_gpt_rank(config: GPTConfig, batch: int = 2, seed: int = 0) -> TPModelRepo
     torch.manual_seed(seed)
     dense = GPT(config)
     idx, targets = get_batch(batch, config.seq_len, seed=seed)
-    log = CommLog()
-    model = tp_gpt(dense, rank, t, log=log)
-    dense_logits, logits = dense(idx), model(idx)
-    loss = GPT.loss(logits, targets)
-    loss.backward()
+    model = tp_gpt(dense, rank, t)
+    dense_logits = dense(idx)
+    logits, comm_bytes, comm_calls = counted_step(
+        lambda: model(idx), lambda logits: GPT.loss(logits, targets).backward())
     per_block = expected_block_bytes(batch, config.seq_len, config.d_model)
-    return TPModelReport(rank, t, loss.item(), GPT.loss(dense_logits, targets).item(),
+    return TPModelReport(rank, t, GPT.loss(logits.detach(), targets).item(),
+                         GPT.loss(dense_logits, targets).item(),
                          (logits - dense_logits).abs().max().item(), param_bytes(model),
                          sum(p.numel() * p.element_size() for p in dense.parameters()),
-                         {p: log.total(p) for p in ("forward", "backward")},
-                         {p: log.count(p) for p in ("forward", "backward")},
+                         comm_bytes, comm_calls,
                          {p: config.n_layer * per_block[p] for p in ("forward", "backward")})
 
 

@@ -159,8 +159,7 @@ def megatron_block_rank(config: GPTConfig, batch: int = 2, seed: int = 0,
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=t)
     try:
         with quiet_megatron():
-            reports = {"megatron": tp_report(ref, "megatron", MegatronBlock(ref.dense, config, rank, t),
-                                             None)}
+            reports = {"megatron": tp_report(ref, "megatron", MegatronBlock(ref.dense, config, rank, t))}
     finally:
         parallel_state.destroy_model_parallel()   # global state: never leak it into the next run
     if parallel_state.model_parallel_is_initialized():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from course_lib.pipeline_parallel.show import pipeline_explorer
-from course_lib.pipeline_parallel.schedules import StageTrace, check_pipeline, schedule_ops
+from course_lib.pipeline_parallel.schedules import check_pipeline, schedule_ops
+from course_lib.pipeline_parallel.trace import StageTrace
 from course_lib.pipeline_parallel.measure import (PP_CONFIG, bubble_formula, dense_reference,
                                                   measure_pipeline, measured_bubble,
                                                   torch_pipeline)
