@@ -78,6 +78,9 @@ class FSDPByHand(nn.Module):
 
     def __init__(self, module, *, param_dtype=None):
         super().__init__()
+        if param_dtype is not None and not (isinstance(param_dtype, torch.dtype)
+                                            and param_dtype.is_floating_point):
+            raise TypeError(f"param_dtype must be a floating torch.dtype or None, got {param_dtype!r}")
         self.module, self.units, claimed = module, [], set()
         prefixes = {m: name for name, m in module.named_modules()}
         for unit_module in [*shard_units(module), module]:   # the root last: what is left

@@ -34,6 +34,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 (shard the optimizer states) or 2 (and the "
                              f"gradients), got {stage!r}")
+        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
+                            f"torch.optim.AdamW (not an instance), got {optimizer_cls!r}")
         super().__init__(params, optimizer_kwargs)
         self.stage, self.rank, self.world = stage, dist.get_rank(), dist.get_world_size()
         self.flats, inner_groups = [], []

@@ -162,6 +162,11 @@ def test_fsdp_unit_exercise_fails_each_mistake(pre, post, message):
     assert not feedback.passed and message in feedback.message, feedback.message
 
 
+def test_a_non_floating_param_dtype_is_refused():
+    with pytest.raises(TypeError, match="floating torch.dtype"):
+        FSDPByHand(GPT(TINY), param_dtype=torch.int8)
+
+
 def test_fsdp_unit_exercise_passes_the_solution_and_refuses_bad_arguments():
     feedback = check_true(lambda: check_fsdp_unit(solution_pre, solution_post))
     assert feedback.passed, feedback.message

@@ -58,8 +58,8 @@ def _batch(step, dtype, rank=0, world=1):
     return x.to(dtype).chunk(world)[rank], y.to(dtype).chunk(world)[rank]
 
 
-def _train(model, opt, steps, dtype, rank, world, average=False):
-    for step in range(steps):
+def _train(model, opt, steps, dtype, rank, world, average=False, first_step=0):
+    for step in range(first_step, first_step + steps):
         x, y = _batch(step, dtype, rank, world)
         opt.zero_grad()
         nn.functional.mse_loss(model(x).float(), y.float()).backward()
@@ -90,6 +90,16 @@ def _scenarios():
         row["plain"] = _train(model, cls(params(model), **kwargs), STEPS, dtype, 0, 1)
         out[name] = row
     out["resume"] = _resume(rank, world)
+    out["scheduled"] = {}
+    for name, (shard, w, r) in {"sharded": (True, world, rank), "plain": (False, 1, 0)}.items():
+        model = _net(torch.float32)
+        opt = (ShardedOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-2) if shard
+               else torch.optim.AdamW(model.parameters(), lr=1e-2))
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+        for step in range(STEPS):                # an lr schedule writes into param_groups
+            _train(model, opt, 1, torch.float32, r, w, first_step=step)
+            schedule.step()
+        out["scheduled"][name] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return out
 
 
@@ -160,6 +170,13 @@ def test_state_dict_round_trip_resumes_exactly_and_refuses_another_layout(ranks)
         assert "stage" in resume["refused"] and "each rank loads the shard it saved" in resume["refused"]
 
 
-def test_bad_stage_is_refused_before_any_collective():
+def test_an_lr_schedule_on_its_param_groups_reaches_the_shards(ranks):
+    scheduled = ranks[0]["scheduled"]
+    torch.testing.assert_close(scheduled["sharded"], scheduled["plain"])
+
+
+def test_bad_arguments_are_refused_before_any_collective():
     with pytest.raises(ValueError, match="stage must be 1"):
         ShardedOptimizer(Net().parameters(), torch.optim.SGD, stage=3, lr=0.1)
+    with pytest.raises(TypeError, match="not an instance"):
+        ShardedOptimizer(Net().parameters(), torch.optim.SGD(Net().parameters(), lr=0.1))
