@@ -29,7 +29,9 @@ for _module, _names in {
     "memory.report": ["MemoryReport"],
     # 02 data parallelism
     "data_parallel.collectives": ["show_collectives", "format_collectives"],
-    "data_parallel.by_hand": ["broadcast_parameters", "average_gradients", "compare_ddp"],
+    "data_parallel.by_hand": ["broadcast_parameters", "average_gradients"],
+    "data_parallel.measure": ["compare_ddp"],
+    "data_parallel.buckets": ["DDPByHand"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
     "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],

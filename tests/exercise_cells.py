@@ -1,7 +1,7 @@
 """Find every exercise in a notebook and build its solution and wrong-answer variants.
 
 An exercise is a code cell that calls a ``check_*`` function, with a learner stub in it
-(``answer = ...``, or a ``def`` that raises ``NotImplementedError``), followed by a markdown cell
+(``answer = ...``, or a ``def`` or ``class`` that raises ``NotImplementedError``), followed by a markdown cell
 with ``<details><summary>Solution</summary>``. The solution's code is its fenced ``python`` block,
 or else its inline code spans of the form ``answer = ...``.
 
@@ -65,7 +65,7 @@ def _is_stub(node: ast.stmt) -> bool:
     if isinstance(node, ast.Assign):
         values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
         return all(isinstance(v, ast.Constant) and v.value is Ellipsis for v in values)
-    if isinstance(node, ast.FunctionDef):
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):   # a class: methods left to write
         return any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n)
                    for n in ast.walk(node))
     return False
@@ -82,7 +82,8 @@ def stubs(source: str) -> tuple[list[str], list[str]]:
     values, functions = [], []
     for node in ast.parse(source).body:
         if _is_stub(node):
-            (functions if isinstance(node, ast.FunctionDef) else values).extend(sorted(_bound(node)))
+            (functions if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+             else values).extend(sorted(_bound(node)))
     return values, functions
 
 

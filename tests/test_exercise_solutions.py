@@ -104,6 +104,20 @@ check_true(lambda: (double(n) == 2 * n, "doubles"), name="double")
     assert report["wrong"]["passed"] == [False]
 
 
+def test_a_class_exercise_is_a_stub_too_and_its_solution_replaces_the_class():
+    source = '''from course_lib import check_true
+class Doubler:
+    def __call__(self, x):
+        raise NotImplementedError
+check_true(lambda: (Doubler()(n) == 2 * n, "doubles"), name="doubler")
+'''
+    assert stubs(source) == ([], ["Doubler"])
+    report = _run("class Doubler:\n    def __call__(self, x):\n        return 2 * x", source)
+    check_report(report)
+    assert "NotImplementedError" in report["stub"]["messages"][0]
+    assert report["wrong"]["passed"] == [False]   # the class replaced by a function returning None
+
+
 FN_CELL = '''from course_lib import check_true
 def mean_of(xs):
     raise NotImplementedError("your code")

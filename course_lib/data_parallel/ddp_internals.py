@@ -27,6 +27,9 @@ byte counts are exact there. Chapter 3 measures the same strategy on GPUs.
 
 :func:`compare_accumulation` checks ``no_sync()``: accumulating ``k`` micro-batches without
 communication and syncing on the last equals one bigger batch, with ``1/k`` of the bytes.
+:func:`bucket_overhead` measures DDP's buckets beside ``.grad`` (``4Ψ``), :func:`fits_per_world`
+answers "does it fit?" from measured per-rank bytes (not with more ranks: sharding, chapter 3,
+changes that) and :func:`dp_explorer` is the widget's real run (world size, model, local batch).
 """
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
 # (``bucket: dist.GradBucket``, returns ``torch.futures.Future[torch.Tensor]``).
@@ -34,6 +37,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -44,13 +48,14 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.data_parallel.by_hand import TOLERANCE, max_diff, train_single
+from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.memory.tracker import tracked_steps
 
 __all__ = ["BucketLog", "recording_allreduce_hook", "bytes_written", "expected_bytes",
-           "DPStepReport", "measure_dp", "compare_accumulation"]
+           "DPStepReport", "measure_dp", "compare_accumulation", "bucket_overhead",
+           "fits_per_world", "WIDGET_PRESETS", "dp_explorer"]
 
 
 class BucketLog:
@@ -222,3 +227,40 @@ def compare_accumulation(world: int = 2, micro_steps: int = 4, local_batch: int 
                     "sent_bytes_per_step": ranks[0][1][-1]}
     out["tolerance"] = TOLERANCE
     return out
+
+
+def bucket_overhead(preset: str = "small", world: int = 2) -> dict[str, dict[str, float]]:
+    """Everything alive after the optimizer step, with and without ``gradient_as_bucket_view``.
+
+    Returns ``{"buckets beside grads": {...}, "grads as bucket views": {...}}`` with
+    ``alive_bytes``, ``bytes_per_param`` and ``peak`` (tracker, rank 0).
+    """
+    out = {}
+    for label, view in (("buckets beside grads", False), ("grads as bucket views", True)):
+        r = measure_dp(world, preset, gradient_as_bucket_view=view, timed_steps=1)[0]
+        out[label] = {"alive_bytes": r.alive_after_step,
+                      "bytes_per_param": r.alive_after_step / r.n_params, "peak": r.peak}
+    return out
+
+
+def fits_per_world(per_rank_bytes: Mapping[int, int], budget_bytes: int) -> dict[int, bool]:
+    """For each world size, does the measured per-rank memory fit the per-device budget?"""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) \
+            or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}")
+    if not per_rank_bytes:
+        raise ValueError("per_rank_bytes is empty: pass {world size: measured bytes per rank}")
+    return {world: nbytes <= budget_bytes for world, nbytes in sorted(per_rank_bytes.items())}
+
+
+WIDGET_PRESETS = ("tiny", "small", "medium")
+
+
+def dp_explorer(world: int = 2, preset: str = "tiny", local_batch: int = 4,
+                seq_len: int = 32) -> tuple[list[DPStepReport], dict[str, float]]:
+    """One real DDP run: the per-rank reports and the formulas to compare them with."""
+    if preset not in WIDGET_PRESETS:
+        raise ValueError(f"preset must be one of {WIDGET_PRESETS} here (the rest do not fit "
+                         f"a laptop), got {preset!r}")
+    reports = measure_dp(world, preset, local_batch, seq_len, timed_steps=2)
+    return reports, expected_bytes(reports[0].n_params, world)

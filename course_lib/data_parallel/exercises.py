@@ -2,13 +2,15 @@
 
 :func:`check_average_gradients` runs the learner's ``average_gradients(model)`` on real ranks
 next to torch's DDP and says what is wrong (for ``course_lib.check_true``);
-:func:`check_make_buckets` runs hand-bucketed DDP with the learner's ``make_buckets`` on real
-ranks and compares its buckets and gradients with the ones torch's DDP builds;
-:func:`check_ring_bytes` compares an answer with bytes measured on the sockets.
+:func:`check_make_buckets` runs :class:`~course_lib.data_parallel.buckets.DDPByHand` with the
+learner's ``make_buckets`` on real ranks and compares its buckets and gradients with DDP's;
+:func:`check_ring_bytes` compares an answer with bytes measured on the sockets. The learner's
+whole DDP class is checked by :mod:`course_lib.data_parallel.exercises_ddp`.
 """
 from __future__ import annotations
 
 import copy
+from unittest import mock
 from typing import Callable
 
 import torch
@@ -19,8 +21,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.checks import is_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
-from course_lib.data_parallel.buckets import DEFAULT_CAP_BYTES, OverlappedDDP
-from course_lib.data_parallel.by_hand import max_diff
+from course_lib.data_parallel import buckets as buckets_module
+from course_lib.data_parallel.measure import max_diff
+from course_lib.data_parallel.measure_buckets import DEFAULT_CAP_BYTES
 from course_lib.data_parallel.ddp_internals import BucketLog, recording_allreduce_hook
 from course_lib.exercises import Feedback, check_number
 from course_lib.launcher.launch import run
@@ -122,10 +125,11 @@ def _buckets_rank(fn: Callable, cap_bytes: int, seed: int) -> dict:
         reference.zero_grad(set_to_none=True)
         GPT.loss(reference(inputs), targets).backward()
     names = {id(p): n for n, p in model.named_parameters()}
-    buckets = fn(list(model.parameters()), cap_bytes)
-    hand = OverlappedDDP(buckets)
-    GPT.loss(model(inputs), targets).backward()
-    hand.finish()
+    with mock.patch.object(buckets_module, "make_buckets", fn):   # DDPByHand, the learner's rule
+        hand = buckets_module.DDPByHand(model, bucket_cap_mb=cap_bytes / 2 ** 20)
+    buckets = hand.buckets
+    GPT.loss(hand(inputs), targets).backward()
+    hand.finish_gradient_synchronization()
     ddp = dict(reference.module.named_parameters())
     return {"layout": [(len(b), sum(p.numel() * p.element_size() for p in b)) for b in buckets],
             "ddp": [(r["n_tensors"], r["nbytes"]) for r in log.records],
@@ -136,7 +140,7 @@ def _buckets_rank(fn: Callable, cap_bytes: int, seed: int) -> dict:
 
 def check_make_buckets(fn: Callable, world: int = 2, cap_bytes: int = DEFAULT_CAP_BYTES,
                        seed: int = 0) -> tuple[bool, str]:
-    """Run hand-bucketed DDP with the learner's ``fn(params, cap_bytes)`` on real ranks.
+    """Run ``DDPByHand`` with the learner's ``fn(params, cap_bytes)`` as its bucket rule on ranks.
 
     Returns ``(passed, message)``. Passes when every gradient equals torch DDP's average and the
     buckets are the ones DDP itself builds with ``bucket_cap_mb = cap_bytes / 2**20`` (read by a

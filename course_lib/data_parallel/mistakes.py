@@ -22,7 +22,8 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from course_lib.common.checks import is_int, positive_int
-from course_lib.data_parallel.by_hand import average_gradients, max_diff, train_rank, train_single
+from course_lib.data_parallel.by_hand import average_gradients
+from course_lib.data_parallel.measure import max_diff, train_rank, train_single
 from course_lib.launcher.launch import run
 
 __all__ = ["sampler_shards", "MISTAKES", "MistakeResult", "what_breaks", "format_mistakes"]
@@ -122,7 +123,7 @@ def what_breaks(world: int = 2, steps: int = 3, local_batch: int = 4, seq_len: i
 
 
 def format_mistakes(rows: list[MistakeResult]) -> str:
-    """A table with verdicts (``same``/``differs`` at ``course_lib.data_parallel.by_hand.TOLERANCE``'s atol)."""
+    """A table with verdicts (``same``/``differs`` at ``course_lib.data_parallel.measure.TOLERANCE``'s atol)."""
     def verdict(x: float) -> str:
         return "same" if x <= 1e-6 else f"differs ({x:.0e})"
 

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from course_lib.common.models import get_config
 from course_lib.data_parallel.collectives import CollectiveDemo
-from course_lib.data_parallel.measure import WIDGET_PRESETS, dp_explorer, fits_per_world
+from course_lib.data_parallel.ddp_internals import WIDGET_PRESETS, dp_explorer, fits_per_world
 from course_lib.display import COLORS, DPI
 from course_lib.memory.report import format_bytes
 

@@ -1,6 +1,6 @@
 r"""Data-parallel training of the course GPT — by hand or with torch DDP — as a script (chapter 2).
 
-The same code as the notebook (:func:`course_lib.data_parallel.by_hand.train_rank`): every rank trains on its
+The same code as the notebook (:func:`course_lib.data_parallel.measure.train_rank`): every rank trains on its
 share of each global batch; ``--mode hand`` broadcasts the weights and all-reduces the gradients
 itself, ``--mode torch`` wraps the model in ``DistributedDataParallel``. Rank 0 then trains one
 process on the concatenated batch and prints the largest weight difference.
@@ -23,7 +23,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from course_lib.data_parallel.by_hand import TOLERANCE, max_diff, train_rank, train_single
+from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_rank, train_single
 from course_lib.launcher.torchrun import init_distributed
 
 

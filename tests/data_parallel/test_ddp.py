@@ -6,12 +6,13 @@ import torch.distributed as dist
 import pytest
 
 from course_lib import check_true, run
-from course_lib.data_parallel.by_hand import TOLERANCE, average_gradients, compare_ddp
+from course_lib.data_parallel.by_hand import average_gradients
+from course_lib.data_parallel.measure import TOLERANCE, compare_ddp
 from course_lib.data_parallel.exercises import check_average_gradients, check_ring_bytes
 from course_lib.data_parallel.mistakes import sampler_shards, what_breaks
 from course_lib.data_parallel.ddp_internals import (bytes_written, compare_accumulation,
-                                                    expected_bytes, measure_dp)
-from course_lib.data_parallel.measure import dp_explorer, fits_per_world
+                                                    dp_explorer, expected_bytes, fits_per_world,
+                                                    measure_dp)
 from course_lib.sharding.measure import memory_vs_world
 from course_lib.memory.tracker import measure_step
 from course_lib.common.models import get_config, param_count
