@@ -53,7 +53,7 @@ _DCP_CLASSES = frozenset({Metadata, MetadataIndex, StorageMeta, TensorProperties
                           TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
                           _StorageInfo})
 _DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
-MAX_METADATA_BYTES = 64 << 20
+MAX_METADATA_BYTES = 16 << 20  # the medium GPT: 77 kB; objects can be ~60x the bytes
 
 
 def _qualname(obj: Any) -> str:

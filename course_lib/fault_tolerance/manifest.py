@@ -3,7 +3,7 @@
 Chapter 6. ``manifest.json`` lists step, world size, parameter shapes and every file with its
 size and SHA-256 (:mod:`course_lib.fault_tolerance.checkpoint` writes it). Reading it is part of
 the trust boundary: the manifest is read as a regular file inside its folder (no symlink), at
-most 64 MiB, and every field is checked for its type before it is used, so a malformed one
+most 16 MiB, and every field is checked for its type before it is used, so a malformed one
 (``files: []``, an entry without ``bytes``, JSON nested 100,000 deep, a string where an object
 belongs) makes *that* folder invalid with a reason, never a crash of the scan.
 :func:`complete_checkpoints` skips such folders and logs why (logger
@@ -30,7 +30,7 @@ __all__ = ["CheckpointError", "MANIFEST", "FORMAT", "COMMITTED", "checkpoint_nam
 
 MANIFEST = MARKER  # the commit marker (commit.py) holds the manifest
 FORMAT = "course_lib.checkpoint/1"  # a data format name, not a module path: keep it
-MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_BYTES = 16 << 20  # a loss history of 100,000 steps: ~2 MB
 COMMITTED = re.compile(r"^step_(\d{6,})$")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("course_lib.fault_tolerance")

@@ -139,6 +139,15 @@ def test_an_item_larger_than_its_file_is_refused_before_reading(ckpt, where):
     _refused(ckpt, match)
 
 
+def test_an_oversized_metadata_is_refused_unread(ckpt):
+    # 17 MiB of bytes pushed and popped, then the real pickle: loads before the fix; a pickle
+    # of that size could hold ~1 GB of small objects
+    pad = 17 * MiB
+    tamper(ckpt, ".metadata", b"B" + pad.to_bytes(4, "little") + bytes(pad) + b"0"
+           + (ckpt / ".metadata").read_bytes())
+    _refused(ckpt, r"step_000002: \.metadata is larger than 16777216 bytes")
+
+
 def test_a_transformed_record_is_refused(ckpt):
     point_item(ckpt, EMB, transform_descriptors=["stream.zstd"])  # DCP's zstd extension
     _refused(ckpt, r"item model\.tok_emb\.weight is stored through a transform")
