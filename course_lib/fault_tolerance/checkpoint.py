@@ -45,7 +45,7 @@ from course_lib.fault_tolerance.manifest import (COMMITTED, FORMAT, MANIFEST, Ch
                                                  checkpoint_name, checkpoint_status,
                                                  complete_checkpoints, file_sha256,
                                                  latest_checkpoint, log, verify_checkpoint)
-from course_lib.fault_tolerance.safe_files import check_record, read_in_folder
+from course_lib.fault_tolerance.safe_files import check_record, label, read_in_folder
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "resume_latest", "checkpoint_status", "verify_checkpoint", "checkpoint_name",
@@ -178,12 +178,13 @@ def _verified(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ch
     mine, saved = _shapes(get_model_state_dict(model)), manifest["model_shapes"]
     for key in sorted(set(mine) | set(saved)):
         if mine.get(key) != saved.get(key):
-            raise CheckpointError(f"{path.name}: foreign checkpoint: parameter {key!r} has shape "
-                                  f"{saved.get(key)} in the checkpoint but {mine.get(key)} in "
-                                  "the model")
+            raise CheckpointError(f"{path.name}: foreign checkpoint: parameter {label(key)!r} has "
+                                  f"shape {saved.get(key)} in the checkpoint but {mine.get(key)} "
+                                  "in the model")
     if manifest["optimizer"] != type(optimizer).__name__:
         raise CheckpointError(f"{path.name}: foreign checkpoint: optimizer "
-                              f"{manifest['optimizer']}, expected {type(optimizer).__name__}")
+                              f"{label(manifest['optimizer'])}, expected "
+                              f"{type(optimizer).__name__}")
     if check_meta is not None:
         try:
             check_meta(manifest)
