@@ -8,69 +8,48 @@ its own shards with DCP (:mod:`torch.distributed.checkpoint`); a checkpoint of s
                         manifest.json                            (the commit marker, written last)
     root/latest                                                  ("step_00000s", a hint)
 
-DCP makes each of its own saves safe against a reader only in one respect: torch 2.13 writes
-``.metadata`` last (temp file, fsync, rename) after every rank's shards. It does not fsync the
-directory, remove stale files of an earlier attempt, store checksums, or record what else a
-checkpoint needs (step, RNG, loss history). So the commit protocol is ours:
+The commit protocol is chapter 6's (:mod:`course_lib.fault_tolerance.commit`): every rank writes
+into a fresh ``step_00000s.tmp``; a barrier; rank 0 writes the manifest (step, world size,
+shapes, every file's size and SHA-256; :mod:`course_lib.fault_tolerance.manifest`) last, then
+renames the directory. Loading reshards (saved by 2 ranks, loaded by 4 or 1); per-rank RNG states
+are restored only at the same world size, else reseeded from (step, rank).
 
-1. every rank writes into a fresh ``step_00000s.tmp`` directory;
-2. a barrier — every rank has finished writing (a rank that died never gets past it);
-3. rank 0 writes ``manifest.json`` (step, world size, parameter shapes, every file with its size
-   and SHA-256) to a temporary name, fsyncs it, renames it into place, and fsyncs the directory;
-4. rank 0 renames ``step_00000s.tmp`` to ``step_00000s`` (atomic on POSIX) and replaces ``latest``
-   the same way (write a temporary file, ``os.replace``).
-
-A crash anywhere before step 4 leaves a ``.tmp`` directory, which :func:`latest_checkpoint` never
-picks; it selects the highest *committed* directory whose manifest is valid and whose files are
-all present with the right sizes (a crash between the two renames of step 4 leaves ``latest``
-one checkpoint behind: the scan, not the hint, decides).
-
-Loading reshards: a checkpoint saved by 2 ranks loads on 4 or on 1 (DCP reads each rank's slices
-of every tensor, whatever the sharding that wrote them). Per-rank RNG states do not reshard;
-they are restored only at the same world size and otherwise reseeded from (step, rank).
-
-Trust boundary: loading runs no code from the checkpoint directory. DCP's ``.metadata`` (a
-pickle) goes through a restricted unpickler, non-tensor items and per-rank state load with
-``torch.load(weights_only=True)``, the manifest is JSON (:mod:`course_lib.fault_tolerance.checkpoint_safe`).
+Trust boundary: a checkpoint is data, never code, and reading one reaches nothing outside its
+folder (:mod:`course_lib.fault_tolerance.checkpoint_safe`). ``load_checkpoint`` checks all it can
+before touching the model (manifest, checksums, metadata, shapes, RNG files; all ranks agree),
+and if reading the shards fails anyway, it puts the model and optimizer back as they were. A save
+refuses a root another user owns or can write to: whoever can write there can swap files.
 Checksums detect accidents, not an attacker who rewrites the manifest as well.
 """
 from __future__ import annotations
 
-import hashlib
+import io
 import json
 import os
 import random
-import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-from course_lib.common.checks import is_int, non_negative_int
+from course_lib.common.checks import is_int
 from course_lib.fault_tolerance.checkpoint_safe import UnsafeCheckpointError, read_metadata
-from course_lib.fault_tolerance.commit import (MARKER, load_committed, publish, save_sharded,
-                                               write_atomic)
+from course_lib.fault_tolerance.commit import load_committed, publish, save_sharded, write_atomic
+from course_lib.fault_tolerance.manifest import (COMMITTED, FORMAT, MANIFEST, CheckpointError,
+                                                 checkpoint_name, checkpoint_status,
+                                                 complete_checkpoints, file_sha256,
+                                                 latest_checkpoint, log, verify_checkpoint)
+from course_lib.fault_tolerance.safe_files import check_record, label, read_in_folder
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
-           "checkpoint_status", "verify_checkpoint", "checkpoint_name", "MANIFEST", "FORMAT"]
-
-MANIFEST = MARKER  # the commit marker (commit.py) holds the manifest
-FORMAT = "course_lib.checkpoint/1"  # a data format name, not a module path: keep it
-_COMMITTED = re.compile(r"^step_(\d{6,})$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: incomplete, corrupted, unsafe, or for another model."""
-
-
-def checkpoint_name(step: int) -> str:
-    """Directory name of the checkpoint taken after ``step`` optimizer steps."""
-    non_negative_int(step, "step")
-    return f"step_{step:06d}"
+           "resume_latest", "checkpoint_status", "verify_checkpoint", "checkpoint_name",
+           "MANIFEST", "FORMAT"]
 
 
 def _rank_world() -> tuple[int, int]:
@@ -82,17 +61,28 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _shapes(model_sd: dict) -> dict[str, list[int]]:
     """Global shape of every model tensor (a DTensor shard reports the full shape)."""
     return {k: list(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor)}
+
+
+def _own_root(root: Path) -> None:
+    """Refuse a root that another user owns or may write to (they could swap or plant files)."""
+    st = os.stat(root)
+    if st.st_uid != os.geteuid():
+        raise CheckpointError(f"{root.name}: owned by another user (uid {st.st_uid}): keep "
+                              "checkpoints in a folder of your own, e.g. one made by mkdtemp")
+    if st.st_mode & stat.S_IWOTH:
+        raise CheckpointError(f"{root.name}: other users can write to this folder (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}): keep checkpoints in one of yours")
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path`` itself: a symlink is unlinked, never followed."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def save_checkpoint(root: str | Path, step: int, model: nn.Module,
@@ -114,9 +104,10 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
     root = Path(root)
     rank, world = _rank_world()
     tmp, final = root / (name + ".tmp"), root / name
+    root.mkdir(parents=True, exist_ok=True)  # every rank: the same check, the same verdict
+    _own_root(root)
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a half-written attempt at this same step
+        _remove(tmp)  # a half-written attempt at this same step, or a planted link
         tmp.mkdir()
     _barrier()
     shapes = _shapes(get_state_dict(model, optimizer)[0])
@@ -132,13 +123,12 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
         before_commit()
     _barrier()  # ... and is still alive: only now may the marker be written
     if rank == 0:
-        files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
+        files = sorted(p.name for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
         manifest = {"format": FORMAT, "step": step, "world_size": world, "meta": meta,
                     "model_shapes": shapes, "optimizer": type(optimizer).__name__,
-                    "files": {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-                              for p in files}}
-        if final.exists():  # same step committed before (a resumed run redoing it)
-            shutil.rmtree(final)
+                    "files": {f: {"bytes": (tmp / f).stat().st_size,
+                                  "sha256": file_sha256(tmp, f)} for f in files}}
+        _remove(final)  # same step committed before (a resumed run redoing it)
         publish(tmp, final, json.dumps(manifest, indent=1))  # commit.py: marker, rename
         write_atomic(root / "latest", name + "\n")
         if keep is not None:
@@ -149,123 +139,145 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
 
 def _prune(root: Path, keep: int, newest: int) -> None:
     committed = sorted((int(m.group(1)), p) for p in root.iterdir()
-                       if (m := _COMMITTED.match(p.name)) and p.is_dir())
+                       if (m := COMMITTED.match(p.name)) and p.is_dir() and not p.is_symlink())
     for _, path in committed[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
     for path in root.glob("step_*.tmp"):
         step = int(path.name[5:-4]) if path.name[5:-4].isdigit() else -1
         if step < newest:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
 
 
-def verify_checkpoint(path: str | Path, *, checksums: bool = True) -> dict:
-    """Return the manifest of committed checkpoint ``path``; raise CheckpointError if unusable.
-
-    Checks: the directory name is a committed one, ``manifest.json`` exists and parses, its
-    format and step match, every listed file exists with its size (and SHA-256 if
-    ``checksums``), and no shard file is missing from the list.
-    """
-    path = Path(path)
-    match = _COMMITTED.match(path.name)
-    if not path.is_dir():
-        raise CheckpointError(f"{path.name}: no such checkpoint directory")
-    if match is None:
-        raise CheckpointError(f"{path.name}: not a committed checkpoint (an unfinished save "
-                              "ends in .tmp and is never loaded)")
+def _rank_state(path: Path, rank: int) -> dict:
+    """This rank's saved RNG states, read as data and checked before anything is set."""
+    data = read_in_folder(path, f"rank{rank}.pt", 1 << 20)
+    check_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.name}: no {MANIFEST} (commit marker): the save did not "
-                              "finish") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path.name}: {MANIFEST} is not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path.name}: foreign checkpoint: manifest format "
-                              f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, "
-                              f"expected {FORMAT!r}")
-    if manifest.get("step") != int(match.group(1)):
-        raise CheckpointError(f"{path.name}: manifest mismatch: it says step "
-                              f"{manifest.get('step')!r}")
-    listed = manifest.get("files", {})
-    for fname, info in listed.items():
-        file = path / fname
-        if not file.is_file():
-            raise CheckpointError(f"{path.name}: missing file {fname}")
-        if file.stat().st_size != info["bytes"]:
-            raise CheckpointError(f"{path.name}: {fname} has {file.stat().st_size} bytes, the "
-                                  f"manifest says {info['bytes']} (truncated or overwritten)")
-        if checksums and _sha256(file) != info["sha256"]:
-            raise CheckpointError(f"{path.name}: checksum mismatch in {fname} (corrupted)")
-    extra = sorted(p.name for p in path.iterdir() if p.name not in listed and p.name != MANIFEST)
-    if extra:
-        raise CheckpointError(f"{path.name}: manifest mismatch: files not in the manifest {extra}")
-    return manifest
+        extra = torch.load(io.BytesIO(data), weights_only=True)
+        torch_rng, python_rng = extra["torch_rng"], _as_state(extra["python_rng"])
+        random.Random().setstate(python_rng)  # a scratch generator: raises if malformed
+        ok = (type(torch_rng) is torch.Tensor and torch_rng.dtype == torch.uint8
+              and torch_rng.shape == torch.get_rng_state().shape)
+    except Exception:
+        ok = False
+    if not ok:
+        raise UnsafeCheckpointError(f"rank{rank}.pt holds no RNG states of this torch")
+    return {"torch_rng": torch_rng, "python_rng": python_rng}
 
 
-def checkpoint_status(root: str | Path) -> list[tuple[str, str]]:
-    """Every ``step_*`` entry under ``root`` with a verdict: "complete" or why it is skipped."""
-    root = Path(root)
-    rows = []
-    for path in sorted(root.glob("step_*")) if root.is_dir() else []:
+def _verified(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, checksums: bool,
+              check_meta: Callable[[dict], None] | None) -> tuple[dict, dict | None]:
+    """Every check that needs no collective: manifest, files, metadata, shapes, RNG, meta."""
+    rank, world = _rank_world()
+    manifest = verify_checkpoint(path, checksums=checksums)
+    try:
+        read_metadata(path, manifest["files"])  # refused before DCP reads it (the same way)
+        extra = _rank_state(path, rank) if manifest["world_size"] == world else None
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(f"{path.name}: {exc}") from None
+    mine, saved = _shapes(get_model_state_dict(model)), manifest["model_shapes"]
+    for key in sorted(set(mine) | set(saved)):
+        if mine.get(key) != saved.get(key):
+            raise CheckpointError(f"{path.name}: foreign checkpoint: parameter {label(key)!r} has "
+                                  f"shape {saved.get(key)} in the checkpoint but {mine.get(key)} "
+                                  "in the model")
+    if manifest["optimizer"] != type(optimizer).__name__:
+        raise CheckpointError(f"{path.name}: foreign checkpoint: optimizer "
+                              f"{label(manifest['optimizer'])}, expected "
+                              f"{type(optimizer).__name__}")
+    if check_meta is not None:
         try:
-            verify_checkpoint(path, checksums=False)
-            rows.append((path.name, "complete"))
-        except CheckpointError as exc:
-            rows.append((path.name, "skipped: " + str(exc).split(": ", 1)[-1]))
-    return rows
+            check_meta(manifest)
+        except ValueError as exc:
+            raise CheckpointError(f"{path.name}: {exc}") from None
+    return manifest, extra
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The committed checkpoint with the highest step whose manifest and files check out.
+def _agree(failure: str | None) -> str | None:
+    """Collective: this rank's reason to fail, or a note that another rank has one."""
+    if not dist.is_initialized():
+        return failure
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([failure is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return failure or ("refused on another rank" if flag.item() else None)
 
-    Directories ending in ``.tmp``, without a marker, or with missing/short files are skipped
-    (sizes are checked here; checksums when loading). ``None`` when there is none.
-    """
-    complete = [name for name, verdict in checkpoint_status(root) if verdict == "complete"]
-    return Path(root) / max(complete, key=lambda n: int(n[5:])) if complete else None
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        copied = {k: _clone(v) for k, v in items}
+        return copied if isinstance(value, dict) else type(value)(copied.values())
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in texts written by this package only (a parser's can quote bytes)."""
+    inner = [e for e, _ in exc.failures.values()] if isinstance(exc, CheckpointException) else [exc]
+    ours = [str(e) for e in inner if isinstance(e, (UnsafeCheckpointError, CheckpointError))]
+    return ours[0] if ours else "a shard that torch.load or DCP could not read"
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                    checksums: bool = True) -> dict:
+                    checksums: bool = True, check_meta: Callable[[dict], None] | None = None
+                    ) -> dict:
     """Load checkpoint ``path`` into ``model`` and ``optimizer``, resharding if needed; collective.
 
     Any world size loads any checkpoint (DCP reshards). This rank's RNG states are restored when
     the world size is the one that saved, else reseeded from (step, rank). Returns ``{"step",
-    "meta", "saved_world", "rng": "restored" | "reseeded"}``. Raises :class:`CheckpointError`
-    before touching the model when the checkpoint is incomplete, corrupted, asks the unpickler for
-    anything but DCP's metadata classes, or was saved for a model of another shape.
+    "meta", "saved_world", "rng": "restored" | "reseeded"}``. Raises :class:`CheckpointError` on
+    every rank, leaving model and optimizer exactly as they were, when the checkpoint is
+    incomplete, corrupted, unsafe (it asks for anything but data inside its folder), saved for a
+    model of another shape, or refused by ``check_meta(manifest)`` (which raises ValueError).
     """
     path = Path(path)
-    manifest = verify_checkpoint(path, checksums=checksums)
     rank, world = _rank_world()
+    failure, manifest, extra = None, None, None
     try:
-        with open(path / ".metadata", "rb") as f:
-            read_metadata(f)  # refuse before DCP (which reads it again, the same safe way)
-    except UnsafeCheckpointError as exc:
-        raise CheckpointError(f"{path.name}: {exc}") from None
-    except Exception as exc:  # a garbage pickle can raise almost anything
-        raise CheckpointError(f"{path.name}: unreadable .metadata ({type(exc).__name__}: {exc})"
-                              ) from None
-    mine, saved = _shapes(get_state_dict(model, optimizer)[0]), manifest["model_shapes"]
-    for key in sorted(set(mine) | set(saved)):
-        if mine.get(key) != saved.get(key):
-            raise CheckpointError(f"{path.name}: foreign checkpoint: parameter {key!r} has shape "
-                                  f"{saved.get(key)} in the checkpoint but {mine.get(key)} in "
-                                  "the model")
-    if manifest["optimizer"] != type(optimizer).__name__:
-        raise CheckpointError(f"{path.name}: foreign checkpoint: optimizer "
-                              f"{manifest['optimizer']}, expected {type(optimizer).__name__}")
-    load_committed(path, model, optimizer)  # commit.py: DCP, resharding, no code run
-    if manifest["world_size"] == world:
-        extra = torch.load(path / f"rank{rank}.pt", weights_only=True)
+        manifest, extra = _verified(path, model, optimizer, checksums, check_meta)
+    except CheckpointError as exc:
+        failure = str(exc)
+    if (failure := _agree(failure)) is not None:
+        raise CheckpointError(failure if failure.startswith(path.name) else
+                              f"{path.name}: {failure}")
+    saved = _clone(model.state_dict()), _clone(optimizer.state_dict())
+    try:
+        load_committed(path, model, optimizer)  # commit.py: DCP, resharding, no code run
+    except (KeyboardInterrupt, SystemExit):
+        model.load_state_dict(saved[0])
+        optimizer.load_state_dict(saved[1])
+        raise
+    except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
+        failure = _reason(exc)
+    if (failure := _agree(failure)) is not None:  # then every rank puts its state back
+        model.load_state_dict(saved[0])
+        optimizer.load_state_dict(saved[1])
+        raise CheckpointError(f"{path.name}: {failure}; the model and optimizer are unchanged")
+    if extra is not None:
         torch.set_rng_state(extra["torch_rng"])
-        random.setstate(_as_state(extra["python_rng"]))
+        random.setstate(extra["python_rng"])
     else:  # 2 saved streams cannot become 4: a fresh, reproducible stream per rank
         torch.manual_seed(manifest["step"] * 1_000_003 + rank)
         random.seed(manifest["step"] * 1_000_003 + rank)
     return {"step": manifest["step"], "meta": manifest["meta"],
             "saved_world": manifest["world_size"],
-            "rng": "restored" if manifest["world_size"] == world else "reseeded"}
+            "rng": "reseeded" if extra is None else "restored"}
+
+
+def resume_latest(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                  check_meta: Callable[[dict], None] | None = None) -> dict | None:
+    """Collective: load the newest checkpoint under ``root`` that loads, newest first; log and
+    skip each one that does not. Returns :func:`load_checkpoint`'s dict (+ ``"path"``) or None."""
+    for path in complete_checkpoints(root):
+        try:
+            return {"path": path, **load_checkpoint(path, model, optimizer,
+                                                    check_meta=check_meta)}
+        except CheckpointError as exc:
+            log.warning("checkpoint skipped: %s", exc)
+    return None
 
 
 def _as_state(value: Any) -> tuple:

@@ -1,39 +1,41 @@
-"""Read a DCP checkpoint without running code from it: the trust boundary of chapter 6.
+"""Read a DCP checkpoint as data: nothing in its folder runs code or reaches outside the folder.
 
-torch 2.13's :class:`~torch.distributed.checkpoint.FileSystemReader` reads ``.metadata`` with a
-plain ``pickle.load`` and :class:`~torch.distributed.checkpoint.DefaultLoadPlanner` loads every
-non-tensor item (e.g. the optimizer's ``param_groups``) with ``torch.load(weights_only=False)``:
-a checkpoint directory written by someone else can run any code on the machine that loads it.
-Checksums in a manifest do not help against whoever can rewrite the manifest too.
+torch 2.13's :class:`~torch.distributed.checkpoint.FileSystemReader` unpickles ``.metadata`` with
+plain ``pickle``, opens whatever path an item names (``../x``, ``/dev/zero``, a symlink) and reads
+as many bytes as the item claims; :class:`~torch.distributed.checkpoint.DefaultLoadPlanner` loads
+non-tensor items with ``torch.load(weights_only=False)``. The same reader and planner are used
+here, subclassed (:class:`SafeReader`, :class:`SafeLoadPlanner`), with these limits:
 
-Here the same reader and planner are used with two changes:
-
-* ``.metadata`` goes through :class:`MetadataUnpickler`, which resolves only the classes DCP's
-  own metadata is made of (listed in :data:`ALLOWED`, read off torch 2.13's ``metadata.py`` and
-  ``filesystem.py``), ``torch.Size``, torch dtypes/layouts, paths and plain containers; any other
-  global (``os.system``, ``builtins.eval``, ...) raises :class:`UnsafeCheckpointError` before it
-  is called;
-* non-tensor items load with ``torch.load(weights_only=True)`` (numbers, strings, lists, dicts).
-
-Tensor data was already loaded with ``weights_only=True`` by torch. What this does *not* protect
-against: a checkpoint that is well-formed but holds wrong numbers (the manifest's checksums catch
-accidents, not an attacker), or huge sizes meant to exhaust memory. Load checkpoints you or your
-own jobs wrote; treat any other directory as untrusted input.
+* ``.metadata`` goes through :class:`MetadataUnpickler`: only :data:`ALLOWED` names resolve, and
+  BUILD / NEWOBJ make only DCP's own dataclasses (never set attributes of a class or function);
+  :func:`check_metadata` then checks every field's type: an item lives in a data file under
+  DCP's own name (``__<rank>_<n>.distcp``), at a range of natural numbers, with no transform;
+* files and records obey :mod:`course_lib.fault_tolerance.safe_files`: plain names, no symlink,
+  ranges inside the real file, stored ``torch.save`` records only, bytes items plain data only.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
+import os
 import pickle
-from typing import Any
+import re
+from typing import Any, Iterable
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
+                                                   Metadata, MetadataIndex, StorageMeta,
+                                                   TensorProperties, TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 
+from course_lib.fault_tolerance.safe_files import (UnsafeCheckpointError, check_record, label,
+                                                   load_plain, open_in_folder, read_in_folder)
+
 __all__ = ["UnsafeCheckpointError", "MetadataUnpickler", "SafeReader", "SafeLoadPlanner",
-           "ALLOWED", "read_metadata"]
+           "ALLOWED", "read_metadata", "check_metadata"]
 
 _MD, _FS = "torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"
 ALLOWED: dict[str, frozenset[str]] = {
@@ -47,14 +49,23 @@ ALLOWED: dict[str, frozenset[str]] = {
     "collections": frozenset({"OrderedDict"}),
     "builtins": frozenset({"set", "frozenset"}),
 }
+_DCP_CLASSES = frozenset({Metadata, MetadataIndex, StorageMeta, TensorProperties,
+                          TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
+                          _StorageInfo})
+_DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
+MAX_METADATA_BYTES = 16 << 20  # the medium GPT: 77 kB; objects can be ~60x the bytes
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """The checkpoint's metadata names something other than DCP's own plain data classes."""
+def _qualname(obj: Any) -> str:
+    if isinstance(obj, type) or callable(obj):
+        return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
+    return f"a {type(obj).__name__}"
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only :data:`ALLOWED` globals (and torch dtypes)."""
+class MetadataUnpickler(pickle._Unpickler):  # the pure-Python machine: its opcodes can be checked
+    """Unpickler of DCP's ``.metadata``: :data:`ALLOWED` names only, builds DCP's classes only."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         if name in ALLOWED.get(module, ()):
@@ -62,38 +73,172 @@ class MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointError(
-            f"refusing to load: .metadata asks for {module}.{name}, which is not part of DCP's "
-            "metadata (a tampered or foreign checkpoint could run code this way)")
+            f"refusing to load: .metadata asks for {label(module)}.{label(name)}, which is not "
+            "part of DCP's metadata (a tampered or foreign checkpoint could run code this way)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeCheckpointError("refusing to load: .metadata holds a persistent reference")
+
+    def _build(self) -> None:  # BUILD: set the state of the object below the top of the stack
+        inst, state = self.stack[-2], self.stack[-1]
+        if type(inst) not in _DCP_CLASSES:
+            raise UnsafeCheckpointError(f"refusing to load: .metadata sets attributes of "
+                                        f"{_qualname(inst)}, not of DCP metadata")
+        names = {f.name for f in dataclasses.fields(inst)}
+        ok = (isinstance(state, tuple) and len(state) == 5 if type(inst) is TensorProperties
+              else type(state) is dict and set(state) <= names)
+        if not ok:
+            raise UnsafeCheckpointError(f"refusing to load: .metadata gives a "
+                                        f"{type(inst).__name__} a state it cannot have")
+        pickle._Unpickler.load_build(self)
+
+    def _newobj(self) -> None:  # NEWOBJ: cls.__new__(cls, *args), only for DCP's dataclasses
+        if self.stack[-2] not in _DCP_CLASSES or self.stack[-1] != ():
+            raise UnsafeCheckpointError(f"refusing to load: .metadata creates "
+                                        f"{_qualname(self.stack[-2])} without calling it")
+        pickle._Unpickler.load_newobj(self)
+
+    def _refuse(self) -> None:
+        raise UnsafeCheckpointError("refusing to load: .metadata uses an opcode DCP never writes")
+
+    dispatch[pickle.BUILD[0]] = _build
+    dispatch[pickle.NEWOBJ[0]] = _newobj
+    for _op in (pickle.INST, pickle.OBJ, pickle.NEWOBJ_EX, pickle.EXT1, pickle.EXT2, pickle.EXT4):
+        dispatch[_op[0]] = _refuse
+    del _op
 
 
-def read_metadata(stream: io.BufferedIOBase) -> Metadata:
-    """Unpickle DCP metadata from ``stream`` with :class:`MetadataUnpickler`."""
-    metadata = MetadataUnpickler(stream).load()
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"refusing to load: .metadata holds a "
-                                    f"{type(metadata).__name__}, not DCP Metadata")
-    return metadata
+def _size(value: Any, dims: int | None = None) -> bool:
+    return (type(value) is torch.Size and (dims is None or len(value) == dims)
+            and all(type(n) is int and n >= 0 for n in value))
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise UnsafeCheckpointError(f".metadata: {what}")
+
+
+def check_metadata(md: Any) -> Metadata:
+    """``md`` if every field has the type DCP gives it (and item ranges are plain), else raise."""
+    _check(type(md) is Metadata, "it holds no DCP Metadata")
+    _check(type(md.state_dict_metadata) is dict, "state_dict_metadata is not a dict")
+    for fqn, item in md.state_dict_metadata.items():
+        what = f"entry {label(fqn)}"
+        _check(type(fqn) is str and type(item) in (TensorStorageMetadata, BytesStorageMetadata),
+               f"{what} is neither a tensor nor bytes")
+        if type(item) is TensorStorageMetadata:
+            p = item.properties
+            _check(type(p) is TensorProperties and isinstance(p.dtype, torch.dtype)
+                   and isinstance(p.layout, torch.layout) and type(p.requires_grad) is bool
+                   and type(p.pin_memory) is bool and _size(item.size), f"{what}: bad properties")
+            _check(type(item.chunks) is list and all(
+                type(c) is ChunkStorageMetadata and _size(c.offsets, len(item.size))
+                and _size(c.sizes, len(item.size))
+                and all(o + s <= n for o, s, n in zip(c.offsets, c.sizes, item.size))
+                for c in item.chunks), f"{what}: a chunk outside its tensor")
+    _check(type(md.storage_data) is dict, "storage_data is not a dict")
+    for index, info in md.storage_data.items():
+        _check(type(index) is MetadataIndex and type(index.fqn) is str
+               and (index.offset is None or _size(index.offset))
+               and (index.index is None or type(index.index) is int), "a malformed item index")
+        what = f"item {label(index.fqn)}"
+        _check(type(info) is _StorageInfo, f"{what} has no storage record")
+        _check(type(info.relative_path) is str and _DATA_FILE.fullmatch(info.relative_path),
+               f"{what} is stored in something that is not a data file of this checkpoint")
+        _check(type(info.offset) is int and type(info.length) is int and info.offset >= 0
+               and info.length >= 0, f"{what} has a byte range that is not two natural numbers")
+        _check(not info.transform_descriptors, f"{what} is stored through a transform "
+               "(compression or encryption), which this reader refuses")
+    meta = md.storage_meta
+    _check(meta is None or (type(meta) is StorageMeta and type(meta.modules) is list),
+           "storage_meta is malformed")
+    _check(md.version is None or type(md.version) is str, "version is not a string")
+    return md
+
+
+def read_metadata(folder: str | os.PathLike, files: Iterable[str] | None = None) -> Metadata:
+    """``folder/.metadata`` unpickled by :class:`MetadataUnpickler` and checked; every item's
+    file must be one of ``files`` (when given) and hold the item's bytes (real sizes)."""
+    data = read_in_folder(folder, ".metadata", MAX_METADATA_BYTES)
+    try:
+        md = MetadataUnpickler(io.BytesIO(data)).load()
+    except UnsafeCheckpointError:
+        raise
+    except Exception:  # a garbage pickle can raise almost anything, and its text (even its
+        # type) depends on the bytes: say only what it is not
+        raise UnsafeCheckpointError("unreadable .metadata: not a pickle of DCP metadata"
+                                    ) from None
+    check_metadata(md)
+    listed, sizes = None if files is None else frozenset(files), {}
+    for index, info in md.storage_data.items():
+        what, name = f"item {label(index.fqn)}", info.relative_path
+        _check(listed is None or name in listed,
+               f"{what} is stored in something that is not a data file of this checkpoint")
+        if name not in sizes:
+            fd = open_in_folder(folder, name)
+            sizes[name] = os.fstat(fd).st_size
+            os.close(fd)
+        _past_end(what, info, sizes[name])
+    return md
+
+
+def _past_end(what: str, info: _StorageInfo, size: int) -> None:
+    if info.offset + info.length > size:
+        raise UnsafeCheckpointError(f"{what}: bytes {info.offset}-{info.offset + info.length} "
+                                    f"are past the end of {info.relative_path} ({size} bytes)")
+
+
+class _FolderFS(FileSystem):
+    """DCP's file system, opening only regular files directly inside one folder."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = os.path.abspath(folder)
+
+    def create_stream(self, path, mode):  # DCP calls it as a context manager
+        if mode != "rb" or os.path.dirname(os.path.abspath(path)) != self.folder:
+            raise UnsafeCheckpointError("refusing to open a file outside the checkpoint")
+        return os.fdopen(open_in_folder(self.folder, os.path.basename(path)), "rb")
 
 
 class SafeReader(FileSystemReader):
-    """:class:`FileSystemReader` whose ``.metadata`` goes through :func:`read_metadata`."""
+    """:class:`FileSystemReader` confined to its folder (module docstring), ``files`` listed."""
+
+    def __init__(self, path: str | os.PathLike, files: Iterable[str] | None = None) -> None:
+        super().__init__(path)
+        self.fs, self.files, self._labels = _FolderFS(path), files, {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = read_metadata(stream)
-        if getattr(metadata, "storage_meta", None) is None:
+        if kwargs.get("rank") is not None:
+            raise UnsafeCheckpointError("per-rank .metadata files are not read")
+        metadata = read_metadata(self.path, self.files)
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def set_up_storage_reader(self, metadata: Metadata, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, *args, **kwargs)
+        self._labels = {id(info): f"item {label(index.fqn)}"
+                        for index, info in metadata.storage_data.items()}
+
+    def _slice_file(self, file, sinfo: _StorageInfo) -> io.BytesIO:
+        what = self._labels.get(id(sinfo), "an item")
+        _past_end(what, sinfo, os.fstat(file.fileno()).st_size)  # the file may have shrunk
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)  # read once: what is checked is what torch.load sees
+        if len(data) != sinfo.length:
+            raise UnsafeCheckpointError(f"{what}: {sinfo.relative_path} shrank while read")
+        check_record(data, what, sinfo.relative_path)
+        return io.BytesIO(data)
+
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """:class:`DefaultLoadPlanner` that loads non-tensor items with ``weights_only=True``."""
+    """:class:`DefaultLoadPlanner` whose bytes items load as plain data (:func:`load_plain`)."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        obj = load_plain(value.read(), f"item {label(fqn)}", self.state_dict.get(fqn))
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+            self.state_dict[fqn] = obj

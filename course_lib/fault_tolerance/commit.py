@@ -6,8 +6,8 @@ and ``load_checkpoint`` build on them (adding RNG states, checksums, a ``latest`
 
 * :func:`save_sharded` / :func:`load_committed`: DCP with ``get_state_dict`` / ``set_state_dict``:
   every rank writes and reads only its own shards, any world size loads any checkpoint; loading
-  refuses a directory without the commit marker. Nothing read runs code (a restricted unpickler for DCP's ``.metadata``, ``weights_only=True`` for the
-  rest: :mod:`course_lib.fault_tolerance.checkpoint_safe`).
+  refuses a directory without the commit marker. Nothing read runs code or reaches outside
+  the folder (:mod:`course_lib.fault_tolerance.checkpoint_safe`'s reader and planner).
 * :func:`save_committed`: every rank writes into ``step_N.tmp``; a barrier (all wrote, all alive);
   then rank 0 :func:`publish` es: the marker last (temp file, fsync, rename), then one atomic
   rename to ``step_N``. A crash anywhere before leaves a ``.tmp`` directory without a marker.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -39,14 +40,32 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    try:  # Linux shows it without changing it (os.umask can only set it)
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        return 0o022
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+
+    The temporary file gets a fresh random name, created with ``O_EXCL | O_NOFOLLOW``
+    (``tempfile.mkstemp``): a file or symlink planted under a predictable name such as
+    ``latest.tmp`` is never opened, and ``os.replace`` swaps the name ``path`` itself (a symlink
+    there is replaced, not followed)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open(path, "w") gives: mkstemp makes it 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
 
 

@@ -5,7 +5,8 @@
 
 * builds the course GPT (:mod:`course_lib.common.models`) from a seed, shards each block and the root
   with ``fully_shard``, and trains it with Adam on :func:`course_lib.common.data.get_batch` batches;
-* resumes from :func:`course_lib.fault_tolerance.checkpoint.latest_checkpoint` if there is one. The data-loader
+* resumes from the newest checkpoint in ``ckpt_dir`` that loads (a bad one is skipped, with a
+  logged reason: :func:`course_lib.fault_tolerance.checkpoint.resume_latest`). The data-loader
   position is just the step: a batch is a pure function of ``(seed, step, rank)``;
 * saves a checkpoint every ``every`` steps (model, optimizer, RNG, loss history);
 * injects the :class:`Fault` s it is given: ``kill`` (SIGKILL itself before a step), ``raise``
@@ -30,8 +31,7 @@ from torch.distributed.fsdp import fully_shard
 from course_lib.common.checks import is_int, non_negative_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
-from course_lib.fault_tolerance.checkpoint import (latest_checkpoint, load_checkpoint,
-                                                   save_checkpoint)
+from course_lib.fault_tolerance.checkpoint import load_checkpoint, resume_latest, save_checkpoint
 from course_lib.launcher import progress
 from course_lib.launcher.launch import run
 
@@ -93,6 +93,14 @@ def build(config: GPTConfig | str = "tiny", *, seed: int = 0, lr: float = 1e-3
     return model, torch.optim.Adam(model.parameters(), lr=lr)
 
 
+def _has_losses(manifest: dict) -> None:
+    """A checkpoint ``train`` can resume from carries one mean loss per step done."""
+    losses = manifest["meta"].get("losses")
+    if not (type(losses) is list and len(losses) == manifest["step"]
+            and all(type(x) in (int, float) for x in losses)):
+        raise ValueError(f"meta has no loss history of {manifest['step']} numbers")
+
+
 def _check(steps: int, every: int, faults: Sequence[Fault], world: int) -> None:
     positive_int(steps, "steps")
     if not is_int(every) or every < 0:
@@ -125,9 +133,9 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
     cfg = get_config(config)
     model, optimizer = build(cfg, seed=seed, lr=lr)
     start, losses, resumed, rng = 0, [], None, None
-    latest = latest_checkpoint(ckpt_dir) if ckpt_dir and every else None
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer)
+    state = resume_latest(ckpt_dir, model, optimizer, check_meta=_has_losses) \
+        if ckpt_dir and every else None  # the newest that loads; each skipped one is logged
+    if state is not None:
         start = resumed = state["step"]
         losses, rng = list(state["meta"]["losses"]), state["rng"]
     for step in range(start, steps):

@@ -2,16 +2,19 @@ r"""Fault-tolerant training: FSDP2 GPT, sharded checkpoints, resume after any re
 
 Chapter 6 (``06_fault_tolerance``). Run it on one machine with 2 processes, restarting the whole
 group up to 3 times when a rank dies; every (re)start resumes from the latest *complete*
-checkpoint in ``--ckpt-dir``:
+checkpoint in ``--ckpt-dir``. Keep checkpoints in a folder of your own (``mktemp -d`` makes a
+fresh one only you can enter): a fixed name under ``/tmp`` can be created first by another user,
+and the save then refuses it (it could be redirected through links planted there):
 
+    D=$(mktemp -d)
     torchrun --standalone --nproc-per-node=2 --max-restarts=3 \
-        -m course_lib.scripts.train_ft --ckpt-dir /tmp/ft --steps 12 --every 3 --out /tmp/ft.pt
+        -m course_lib.scripts.train_ft --ckpt-dir $D/ckpt --steps 12 --every 3 --out $D/final.pt
 
 Make it fail on purpose (attempt:rank:step:kind; kinds kill, raise, save — save dies after
 writing shards of checkpoint ``step`` but before its commit marker):
 
     COURSE_FT_FAULTS=0:1:5:kill,1:0:9:save torchrun --standalone --nproc-per-node=2 \
-        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /tmp/ft --out /tmp/ft.pt
+        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir $D/ckpt --out $D/final.pt
 
 on two machines (type on both; HEAD is the first machine's address; the checkpoint directory
 must be on a shared file system):

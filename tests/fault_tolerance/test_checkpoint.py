@@ -9,7 +9,6 @@ another order, so it is compared with ``assert_close``. Tampered checkpoints mus
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -26,10 +25,11 @@ from course_lib import RankError, run
 from course_lib.fault_tolerance.checkpoint import (CheckpointError, checkpoint_name,
                                                    checkpoint_status, latest_checkpoint,
                                                    load_checkpoint, verify_checkpoint)
-from course_lib.fault_tolerance.checkpoint_safe import SafeLoadPlanner
+from course_lib.fault_tolerance.safe_files import load_plain
 from course_lib.deepspeed.census import split_key_bias
 from course_lib.fault_tolerance.training import Fault, build, train
 from course_lib.common.models import get_config, param_count
+from ckpt_attacks import tamper, torch_bytes
 
 STEPS, EVERY = 6, 2
 
@@ -155,19 +155,11 @@ class _Payload:
                       f"__import__('pickle').loads({self.original!r}))[1]",)
 
 
-def _tamper(ckpt, fname: str, data: bytes) -> None:
-    """Replace ``fname`` and update its size and checksum in the manifest, as an attacker can."""
-    (ckpt / fname).write_bytes(data)
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"][fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
-
-
 def test_tampered_metadata_is_refused_without_running_its_code(tmp_path, good_ckpt):
     ckpt = tmp_path / "step_000002"
     shutil.copytree(good_ckpt, ckpt)
     marker = tmp_path / "code_ran"
-    _tamper(ckpt, ".metadata", pickle.dumps(_Payload(marker, (ckpt / ".metadata").read_bytes())))
+    tamper(ckpt, ".metadata", pickle.dumps(_Payload(marker, (ckpt / ".metadata").read_bytes())))
     # control: torch's own reader runs the payload and still returns valid metadata
     assert isinstance(FileSystemReader(str(ckpt)).read_metadata(), Metadata)
     assert marker.exists(), "the payload is live: the refusal below is meaningful"
@@ -182,7 +174,7 @@ def test_tampered_metadata_is_refused_without_running_its_code(tmp_path, good_ck
 def test_garbage_metadata_gives_clear_error(tmp_path, good_ckpt):
     ckpt = tmp_path / "step_000002"
     shutil.copytree(good_ckpt, ckpt)
-    _tamper(ckpt, ".metadata", b"\x80\x05garbage")
+    tamper(ckpt, ".metadata", b"\x80\x05garbage")
     model, optimizer = build("tiny")
     with pytest.raises(CheckpointError, match=r"step_000002: unreadable .metadata"):
         load_checkpoint(ckpt, model, optimizer)
@@ -191,10 +183,12 @@ def test_garbage_metadata_gives_clear_error(tmp_path, good_ckpt):
 def test_non_tensor_items_load_without_code(tmp_path):
     marker, buf = tmp_path / "code_ran", io.BytesIO()
     torch.save(_Payload(marker, pickle.dumps([1, 2])), buf)
-    buf.seek(0)
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        SafeLoadPlanner().load_bytes(None, buf)
+    with pytest.raises(pickle.UnpicklingError, match="item x: a bytes item holds something "
+                                                     "other than plain data"):
+        load_plain(buf.getvalue(), "item x")
     assert not marker.exists()
+    assert load_plain(torch_bytes({"lr": 0.5, "betas": (0.9, 0.99)}), "item y") == \
+        {"lr": 0.5, "betas": (0.9, 0.99)}
 
 
 def _loaded(path):
