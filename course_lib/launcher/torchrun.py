@@ -12,7 +12,6 @@ Chapter 00 introduces it; chapter 5 runs two "nodes"; chapter 6 restarts failed 
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import re
 import selectors
@@ -94,9 +93,7 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     no process behind.
     """
     devices.plan(nprocs)  # same limits and messages as run()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
-            not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
+    devices.check_timeout(timeout)
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:

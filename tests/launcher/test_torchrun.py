@@ -86,6 +86,8 @@ def test_bad_requests_fail_before_starting(monkeypatch):
     for bad in (float("nan"), float("inf"), 0):
         with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
             torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=bad)
+    with pytest.raises(ValueError, match=r"timeout must be at most 604800 s \(a week\)"):
+        torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=1e15)
 
 
 def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
