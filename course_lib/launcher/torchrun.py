@@ -78,11 +78,21 @@ def torchrun_command(target: str, nprocs: int = 2, args: Sequence[str] = (), *, 
 
 def cluster_command(target: str, nprocs_per_node: int, nnodes: int, args: Sequence[str] = (),
                     head: str = "$HEAD_NODE_ADDR:29500", max_restarts: int = 3) -> str:
-    """What to type on *each* of ``nnodes`` machines to run ``target`` on a real cluster."""
+    """What to type on *each* of ``nnodes`` machines to run ``target`` on a real cluster.
+
+    The command follows a shell comment on what the head node's store exposes: torchrun's c10d
+    rendezvous store has no authentication, listens on every interface, and holds a pickle that
+    every agent loads, so whoever reaches ``head`` and knows the id (``$JOB_ID``, on every
+    node's command line) runs code as you on every node. Keep the port reachable from the job's
+    nodes only (the cluster's private network, a firewall); on one shared machine use
+    :func:`torchrun` (a private network namespace) instead.
+    """
     parts = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nprocs_per_node}",
              "--rdzv-backend=c10d", f"--rdzv-endpoint={head}", "--rdzv-id=$JOB_ID",
              f"--max-restarts={max_restarts}", target, *map(str, args)]
-    return " ".join(parts)
+    return (f"# the store at {head} has no authentication and every agent unpickles what it\n"
+            "# holds: keep it reachable from the job's nodes only (the cluster's private network)\n"
+            + " ".join(parts))
 
 
 def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_restarts: int = 0,

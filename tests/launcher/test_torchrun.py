@@ -93,9 +93,13 @@ def test_command_lines_are_what_a_learner_would_type():
                  "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "train.py --steps 10"):
         assert part in joined
     assert "--local-addr" not in joined  # only pinned on loopback
-    assert cluster_command("train.py", 8, 4) == (
+    *comment, command = cluster_command("train.py", 8, 4).splitlines()
+    assert command == (
         "torchrun --nnodes=4 --nproc-per-node=8 --rdzv-backend=c10d "
         "--rdzv-endpoint=$HEAD_NODE_ADDR:29500 --rdzv-id=$JOB_ID --max-restarts=3 train.py")
+    # what the store exposes, said where the command is printed (a shell comment: pastes as is)
+    assert all(line.startswith("# ") for line in comment)
+    assert "no authentication" in comment[0] and "private network" in comment[1]
 
 
 def test_bad_requests_fail_before_starting(monkeypatch):
