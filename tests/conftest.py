@@ -21,6 +21,7 @@ CLOCK = (
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
     "tests/launcher/test_torchrun.py",
+    "tests/launcher/test_torchrun_store.py",
     "tests/launcher/test_warm_start.py",
     # measured times in the assertion
     "tests/communication/test_comm.py::test_benchmark_measures_every_collective",
@@ -36,6 +37,7 @@ CLOCK = (
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
+    "tests/communication/test_multinode.py::test_both_nodes_meet_in_one_private_network",
     "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
     "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from course_lib.common.checks import is_int
-from course_lib.launcher.torchrun import torchrun_command
+from course_lib.launcher import _reaper, devices
+from course_lib.launcher.torchrun import private_run_env, torchrun_command, warn_shared_network
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
            "run_single", "reference_params", "netns_available", "two_namespaces",
@@ -79,10 +80,11 @@ def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str], po
     return commands
 
 
-def _launch(argv: list[str], env: dict, prefix: Sequence[str] = ()) -> subprocess.Popen:
-    return subprocess.Popen([*prefix, sys.executable, "-m", "course_lib.launcher._reaper", *argv],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env)
+def _launch(argv: list[str], env: dict, prefix: Sequence[str] = (),
+            net: str | None = None) -> tuple[subprocess.Popen, str | None, int | None]:
+    """``argv`` under the reaper: :func:`course_lib.launcher._reaper.start`'s triple."""
+    return _reaper.start(argv, net, prefix, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, env=env)
 
 
 def _collect(procs: list[subprocess.Popen], timeout: float) -> list[str]:
@@ -92,22 +94,29 @@ def _collect(procs: list[subprocess.Popen], timeout: float) -> list[str]:
                                 daemon=True) for p, c in zip(procs, chunks)]
     for reader in readers:
         reader.start()
-    deadline = time.monotonic() + timeout
+    deadline, late = time.monotonic() + timeout, False
     try:
         for proc in procs:
             proc.wait(max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise TimeoutError(f"the nodes did not finish within {timeout:g} s; all their "
-                           "processes were stopped") from None
+        late = True
     finally:
         for proc in procs:
             if proc.poll() is None:  # the reaper kills its whole tree on SIGTERM
                 proc.terminate()
                 proc.wait(10)
             proc.stdin.close()
-        for reader in readers:
+        for proc, reader in zip(procs, readers):
             reader.join(5)
-    return [b"".join(c).decode("utf-8", "replace") for c in chunks]
+            if not reader.is_alive():
+                proc.stdout.close()
+    outputs = [b"".join(c).decode("utf-8", "replace") for c in chunks]
+    if late:
+        tails = "".join(f"\n--- node {n} ---\n" + "\n".join(text.splitlines()[-8:])
+                        for n, text in enumerate(outputs))
+        raise TimeoutError(f"the nodes did not finish within {timeout:g} s; all their "
+                           f"processes were stopped{tails}")
+    return outputs
 
 
 def _check(procs: list[subprocess.Popen], outputs: list[str], what: str) -> None:
@@ -123,8 +132,7 @@ def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
         raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    devices.check_timeout(timeout)
 
 
 def _env(threads: int, extra: dict | None = None) -> dict:
@@ -138,10 +146,22 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     _validate(nprocs_per_node, script, timeout)
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
     threads = max(1, (os.cpu_count() or 1) // (2 * nprocs_per_node))
+    env = _env(threads, private_run_env())  # one random rendezvous id for both agents
     start = time.monotonic()
-    # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun)
-    procs = [_launch([sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]],
-                     _env(threads)) for cmd in commands]
+    # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun);
+    # node 0 in a private network namespace where the kernel allows one, node 1 joins it
+    argv = [[sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
+            for cmd in commands]
+    first, shared, inside = _launch(argv[0], env, net="private")
+    procs = [first]
+    try:
+        if shared:
+            warn_shared_network(shared)
+        procs.append(_launch(argv[1], env, net=None if shared else f"join:{inside}")[0])
+    finally:
+        if len(procs) < 2:  # node 1 could not start: node 0 would wait for it in vain
+            first.terminate()
+            first.wait(10)
     outputs = _collect(procs, timeout)
     _check(procs, outputs, "two-node run")
     return NodesResult(commands, outputs, time.monotonic() - start)
@@ -150,7 +170,7 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
 def run_single(script: str = SCRIPT, args: Sequence[str] = (), timeout: float = 120.0) -> str:
     """Run ``python script args`` as one plain process (world size 1); return its output."""
     _validate(1, script, timeout)
-    proc = _launch([sys.executable, script, *map(str, args)], _env(os.cpu_count() or 1))
+    proc = _launch([sys.executable, script, *map(str, args)], _env(os.cpu_count() or 1))[0]
     (output,) = _collect([proc], timeout)
     _check([proc], [output], "single-process run")
     return output
@@ -221,7 +241,7 @@ def run_two_nodes_netns(rate_mbit: float | None = None, script: str = SCRIPT,
         threads = max(1, (os.cpu_count() or 1) // 2)
         start = time.monotonic()
         procs = [_launch(cmd, _env(threads, {"GLOO_SOCKET_IFNAME": dev}),
-                         prefix=("ip", "netns", "exec", ns))
+                         prefix=("ip", "netns", "exec", ns))[0]
                  for cmd, (ns, dev, _) in zip(commands, nodes)]
         outputs = _collect(procs, timeout)
         _check(procs, outputs, "two-node run in namespaces")

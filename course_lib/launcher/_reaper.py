@@ -9,19 +9,65 @@ small supervisor sits between the kernel and torchrun and
 * kills the whole tree when its stdin closes (the kernel died or gave up), on SIGTERM, and after
   CMD exits (any leftovers);
 * exits with CMD's exit code.
+
+``--net=private`` starts CMD in a private network namespace
+(:mod:`course_lib.launcher._private_net`), or, where the kernel refuses, where we are;
+``--net=join:PID`` in PID's. ``--ready-fd=N`` then says which on fd N (``private PID`` with
+CMD's pid, or ``shared <reason>``). :func:`start` is the parent's side of that.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
+from typing import Sequence
 
 import psutil
 
+from course_lib.launcher import _private_net
+
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def start(cmd: list[str], net: str | None = None, prefix: Sequence[str] = (),
+          **popen) -> tuple[subprocess.Popen, str | None, int | None]:
+    """Start the reaper on ``cmd``: ``(reaper, why its network is shared or None, pid inside)``.
+
+    ``net``: ``"private"``, ``"join:PID"`` or None (the caller's network, not asked for);
+    ``prefix`` goes before the reaper (``ip netns exec NS``). Returns once CMD has started;
+    the pid is CMD's (the one to join), None when shared.
+    """
+    reaper = [*prefix, sys.executable, "-m", "course_lib.launcher._reaper"]
+    if net is None:
+        return subprocess.Popen([*reaper, *cmd], **popen), "not asked for", None
+    read, write = os.pipe()
+    try:
+        proc = subprocess.Popen([*reaper, f"--net={net}", f"--ready-fd={write}", *cmd],
+                                pass_fds=(write,), **popen)
+    finally:
+        os.close(write)
+    status, deadline = b"", time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:  # a python start-up: well under a second when idle
+            if select.select([read], [], [], 1)[0]:
+                chunk = os.read(read, 4096)
+                if not chunk:
+                    break
+                status += chunk
+    finally:
+        os.close(read)
+    if not status:  # it died or hung before it could start CMD: stop it, say why
+        proc.kill()
+        out = proc.communicate(timeout=10)[0] or b""
+        raise RuntimeError("the process supervisor failed before starting the job:\n"
+                           + out.decode("utf-8", "replace")[-2000:])
+    kind, _, rest = status.decode("utf-8", "replace").partition(" ")
+    return (proc, None, int(rest)) if kind == "private" else (proc, rest, None)
 
 
 def _kill_tree() -> None:
@@ -38,10 +84,51 @@ def _kill_tree() -> None:
         psutil.wait_procs(children, timeout=5)
 
 
-def main(cmd: list[str]) -> int:
+def _popen(cmd: list[str], net: str | None) -> tuple[subprocess.Popen, str]:
+    """Start CMD in the network asked for; return it and the status line for ``--ready-fd``."""
+    if not net:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL), "shared not asked for"
+    read, write = os.pipe()
+
+    def move() -> None:  # in the child, between fork and exec (single-threaded)
+        try:
+            if net == "private":
+                _private_net.enter()
+            elif net.startswith("join:"):
+                _private_net.join(int(net[5:]))
+            else:
+                raise OSError(f"unknown --net={net}")
+        except BaseException as exc:
+            os.write(write, f"{exc}".encode()[:2000])  # the parent learns why
+            raise
+
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=move)
+        return proc, f"private {proc.pid}"
+    except subprocess.SubprocessError:  # the child could not move: it is gone, we are unchanged
+        os.close(write)
+        write = None
+        reason = os.read(read, 4096).decode("utf-8", "replace") or "unknown"
+        if net != "private":
+            raise SystemExit(f"course_lib: could not join the job's private network: {reason}")
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL), f"shared {reason}"
+    finally:
+        os.close(read)
+        if write is not None:
+            os.close(write)
+
+
+def main(argv: list[str]) -> int:
+    opts = {}
+    while argv and argv[0].startswith(("--net=", "--ready-fd=")):
+        key, _, value = argv.pop(0)[2:].partition("=")
+        opts[key] = value
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    proc, status = _popen(argv, opts.get("net"))  # no thread exists yet: preexec_fn is safe
+    if "ready-fd" in opts:
+        os.write(int(opts["ready-fd"]), status.encode())
+        os.close(int(opts["ready-fd"]))
 
     def on_lifeline() -> None:
         while sys.stdin.buffer.read(1):
@@ -57,6 +144,6 @@ def main(cmd: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
+    code = main(list(sys.argv[1:]))
     sys.stdout.flush()
     os._exit(code if code >= 0 else 128 - code)  # no interpreter shutdown with the stdin thread

@@ -72,6 +72,21 @@ def max_ranks() -> int:
     return max(8, 2 * cpu_count())
 
 
+#: The longest ``timeout`` a launcher accepts (a week): a lesson needs seconds, and far beyond
+#: (past ~8.6e13 s) the ranks' own ``timedelta`` overflows inside every rank.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def check_timeout(timeout: object) -> float:
+    """``timeout`` in seconds if positive, finite and at most :data:`MAX_TIMEOUT_S`, else ValueError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
+    if timeout > MAX_TIMEOUT_S:
+        raise ValueError(f"timeout must be at most {MAX_TIMEOUT_S} s (a week), got {timeout!r}")
+    return float(timeout)
+
+
 def loopback_interface() -> str:
     """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
     try:
@@ -138,6 +153,9 @@ def plan(nprocs: int, backend: str | None = None, device: str | None = None,
         raise TypeError(f"threads must be an int or None, got {threads!r}")
     elif threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
+    elif threads > cpu_count():
+        raise ValueError(f"threads must be at most {cpu_count()}, the cores this process may use, "
+                         f"got {threads}: more threads per rank than cores only take turns")
     return Placement(nprocs=nprocs, backend=backend, device=device, threads=threads)
 
 

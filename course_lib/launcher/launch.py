@@ -20,7 +20,6 @@ multi-node command lines, see :mod:`course_lib.torchrun`.
 from __future__ import annotations
 
 import linecache
-import math
 import os
 import selectors
 import shutil
@@ -144,9 +143,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     start = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
-            not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
+    devices.check_timeout(timeout)
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))

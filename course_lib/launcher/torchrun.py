@@ -12,22 +12,23 @@ Chapter 00 introduces it; chapter 5 runs two "nodes"; chapter 6 restarts failed 
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import re
+import secrets
 import selectors
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Sequence
 
 import torch.distributed as dist
 
-from course_lib.launcher import devices, progress
+from course_lib.launcher import _reaper, devices, progress
 
 __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError"]
 
@@ -77,11 +78,21 @@ def torchrun_command(target: str, nprocs: int = 2, args: Sequence[str] = (), *, 
 
 def cluster_command(target: str, nprocs_per_node: int, nnodes: int, args: Sequence[str] = (),
                     head: str = "$HEAD_NODE_ADDR:29500", max_restarts: int = 3) -> str:
-    """What to type on *each* of ``nnodes`` machines to run ``target`` on a real cluster."""
+    """What to type on *each* of ``nnodes`` machines to run ``target`` on a real cluster.
+
+    The command follows a shell comment on what the head node's store exposes: torchrun's c10d
+    rendezvous store has no authentication, listens on every interface, and holds a pickle that
+    every agent loads, so whoever reaches ``head`` and knows the id (``$JOB_ID``, on every
+    node's command line) runs code as you on every node. Keep the port reachable from the job's
+    nodes only (the cluster's private network, a firewall); on one shared machine use
+    :func:`torchrun` (a private network namespace) instead.
+    """
     parts = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nprocs_per_node}",
              "--rdzv-backend=c10d", f"--rdzv-endpoint={head}", "--rdzv-id=$JOB_ID",
              f"--max-restarts={max_restarts}", target, *map(str, args)]
-    return " ".join(parts)
+    return (f"# the store at {head} has no authentication and every agent unpickles what it\n"
+            "# holds: keep it reachable from the job's nodes only (the cluster's private network)\n"
+            + " ".join(parts))
 
 
 def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_restarts: int = 0,
@@ -91,12 +102,13 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
 
     The whole process tree (torchrun and its workers, which live in their own sessions) is
     supervised by :mod:`course_lib.launcher._reaper`: a timeout, an interrupt or a dying kernel leaves
-    no process behind.
+    no process behind. It runs in a private network namespace where the kernel allows one, so
+    that no other user of this machine can reach torchrun's stores (the job has no network but
+    its own loopback); elsewhere it warns once and relies on a random rendezvous id
+    (:func:`private_run_env`).
     """
     devices.plan(nprocs)  # same limits and messages as run()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
-            not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, finite, got {timeout!r}")
+    devices.check_timeout(timeout)
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
@@ -113,14 +125,18 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
               module: bool, env: dict, quiet: bool) -> TorchrunResult:
     cmd = torchrun_command(target, nprocs, args, max_restarts=max_restarts, module=module)
     threads = str(max(1, devices.cpu_count() // nprocs))
-    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1",
+    child_env = {**os.environ, "OMP_NUM_THREADS": threads, **private_run_env(), **env,
+                 "PYTHONUNBUFFERED": "1",
                  "COURSE_PROGRESS_CHANNEL": "1"}  # lets progress.report() in ranks reach us
     start = time.monotonic()
-    # the same torchrun, its stores listening on 127.0.0.1 only (see _loopback_torchrun)
+    # the same torchrun, its stores listening on 127.0.0.1 only (see _loopback_torchrun), in a
+    # private network namespace where the kernel allows one (see _private_net)
     launch = [sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
-    proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher._reaper", *launch],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=child_env)
+    proc, shared, _ = _reaper.start(launch, "private", stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=child_env)
+    if shared:
+        warn_shared_network(shared)
     lines: list[str] = []
     try:
         name = target if module else os.path.basename(target)
@@ -137,6 +153,8 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
             proc.stdin.close()
             proc.terminate()
             proc.wait(10)
+        proc.stdin.close()
+        proc.stdout.close()
     output = "\n".join(lines)
     if code != 0:
         # torchrun's summary lists other failures first, then "Root Cause (first observed
@@ -145,6 +163,31 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
         match = re.findall(r"rank\s*:\s*(\d+)", root)
         raise TorchrunError(code, int(match[0]) if match else None, output)
     return TorchrunResult(cmd, output, time.monotonic() - start)
+
+
+def private_run_env() -> dict:
+    """Environment for a local torchrun: a random rendezvous id (``PET_RDZV_ID``).
+
+    torchrun's default id, ``none``, names the key of the pickled rendezvous state
+    (``torch.rendezvous.none``); a random one, kept out of the command line (which every local
+    user can read in ``/proc``), is the defence left where no private namespace can be made.
+    """
+    return {"PET_RDZV_ID": f"course_lib_{secrets.token_hex(16)}"}
+
+
+_WARNED: list[str] = []
+
+
+def warn_shared_network(reason: str) -> None:
+    """Say once per process that a job's stores are reachable by other local users, and why."""
+    if _WARNED:
+        return
+    _WARNED.append(reason)
+    warnings.warn(f"course_lib: no private network namespace here ({reason}); torchrun's stores "
+                  "listen on 127.0.0.1, where every local user can connect to them: a random "
+                  "rendezvous id keeps the pickled state's key secret, but another user can still "
+                  "disturb the job. Fine on your own machine; on a shared one see the trust "
+                  "boundary in docs/architecture.md", RuntimeWarning, stacklevel=3)
 
 
 def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bool,

@@ -10,7 +10,7 @@ Run it (any free port instead of 29400; each torchrun line of a multi-node run i
 
     # one process
     python course_lib/scripts/train_ddp.py --out /tmp/one.pt
-    # one node, 2 processes
+    # one node, 2 processes (your own machine only: see below)
     torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out /tmp/node.pt
     # two nodes with one process each (here both on this machine, over loopback)
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d \
@@ -21,6 +21,12 @@ Run it (any free port instead of 29400; each torchrun line of a multi-node run i
         course_lib/scripts/train_ddp.py --out /tmp/two.pt
 
 From Python: ``course_lib.communication.multinode.run_two_nodes()`` builds and runs those two command lines.
+
+torchrun's stores have no authentication and listen on every interface (the c10d rendezvous
+keeps a pickle there that every agent loads): type these commands on your own machine, or on a
+cluster whose private network alone reaches the head node's port; on a shared machine (a
+JupyterHub) use ``course_lib.torchrun(...)``, or ``run_two_nodes()`` for the two nodes: they
+run them in a private network namespace (docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 

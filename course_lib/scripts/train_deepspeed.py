@@ -14,6 +14,12 @@ come from the JSON; the world size from the launcher. It also runs inside
 ``course_lib.run(main, 2, [...])`` and alone (world size 1). Rank 0 prints each step's loss;
 at the end every rank prints ``losses: [...]``, its own losses at full precision (the line
 chapter 08's test parses) — under torchrun as ``[rank r] losses: [...]``.
+
+Both launchers' stores (torchrun's agent's; under ``deepspeed``, the one rank 0 hosts at
+``MASTER_PORT``) have no authentication and listen on every interface: type these commands on
+your own machine, or on a cluster whose private network alone reaches that port; on a shared
+machine (a JupyterHub) use ``course_lib.torchrun(...)``, which runs the job in a private
+network namespace (docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 

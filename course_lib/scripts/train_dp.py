@@ -15,6 +15,12 @@ on two machines with 4 processes each (type on both; HEAD is the first machine's
         -m course_lib.scripts.train_dp --mode torch
 
 or alone, as a plain process (world size 1):  python -m course_lib.scripts.train_dp
+
+torchrun's stores have no authentication and listen on every interface (the c10d rendezvous
+keeps a pickle there that every agent loads): type these commands on your own machine, or on a
+cluster whose private network alone reaches the head node's port; on a shared machine (a
+JupyterHub) use ``course_lib.torchrun(...)``, which runs them in a private network namespace
+(docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 

@@ -26,6 +26,12 @@ or alone, as a plain process (world size 1):  python -m course_lib.scripts.train
 
 Rank 0 writes ``{"losses": tensor, "params": {name: tensor}}`` to ``--out`` (load it with
 ``torch.load(path, weights_only=True)``).
+
+``--standalone`` above is for your own machine only: torchrun's stores have no authentication
+and listen on every interface (the c10d rendezvous keeps a pickle there that every agent
+loads). On a cluster, only its private network may reach the head node's port; on a shared
+machine (a JupyterHub) use ``course_lib.torchrun(...)``, which runs the job in a private
+network namespace (docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 

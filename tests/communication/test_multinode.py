@@ -1,12 +1,16 @@
 """Chapter 5: the same DDP script on 2 "nodes" (two torchrun agents) equals one process."""
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import warnings
 
 import pytest
 import torch
 
 from course_lib.communication import multinode
+from course_lib.launcher import torchrun as torchrun_module
 from course_lib.communication.multinode import (SCRIPT, netns_available, reference_params,
                                                 run_two_nodes, two_namespaces, two_node_commands)
 
@@ -23,6 +27,23 @@ def test_two_node_run_equals_one_process(tmp_path):
         torch.testing.assert_close(ddp[key], one[key], rtol=1e-5, atol=1e-6)
     start = reference_params([*args[:2], "--steps", "0"])
     assert not torch.allclose(start["fc0.weight"], one["fc0.weight"])  # training moved them
+
+
+def test_both_nodes_meet_in_one_private_network(tmp_path, monkeypatch):
+    """Node 0's agent gets a private network namespace (no other user reaches its stores) and
+    node 1's agent joins it; where the kernel refuses, both stay here, after one warning."""
+    script = tmp_path / "where.py"
+    script.write_text("import os\nfrom course_lib.launcher.torchrun import init_distributed\n"
+                      "rank, world = init_distributed()\n"
+                      "print('network', os.readlink('/proc/self/ns/net'), 'world', world)\n")
+    monkeypatch.setattr(torchrun_module, "_WARNED", [], raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        two = run_two_nodes(script=str(script), timeout=180)
+    nets = {re.search(r"network (\S+) world 2", text).group(1) for text in two.outputs}
+    assert len(nets) == 1, two.outputs
+    shared = [w for w in caught if "no private network namespace" in str(w.message)]
+    assert (nets == {os.readlink("/proc/self/ns/net")}) == bool(shared), (nets, shared)
 
 
 def test_two_node_commands_share_one_rendezvous():

@@ -242,6 +242,13 @@ def test_concurrent_launches_from_threads_of_one_kernel():
     (dict(nprocs=2, timeout=True), ValueError, "finite, got True"),
     (dict(nprocs=2, threads="2"), TypeError, "threads must be an int or None, got '2'"),
     (dict(nprocs=2, threads=1.5), TypeError, "threads must be an int or None, got 1.5"),
+    # sane maxima: these passed the check and failed inside every rank (or tried 10**9 threads)
+    (dict(nprocs=2, timeout=1e15), ValueError, r"timeout must be at most 604800 s \(a week\), "
+                                                r"got 1000000000000000\.0"),
+    (dict(nprocs=2, timeout=604801), ValueError, "timeout must be at most 604800 s"),
+    (dict(nprocs=2, threads=10**9), ValueError, rf"threads must be at most {devices.cpu_count()}, "
+                                                "the cores this process may use, got 1000000000"),
+    (dict(nprocs=2, threads=devices.cpu_count() + 1), ValueError, "threads must be at most"),
 ])
 def test_bad_input_fails_before_any_process_starts(monkeypatch, kwargs, error, message):
     def no_server():

@@ -64,6 +64,27 @@ def test_killing_the_launching_process_leaves_no_workers(tmp_path):
     assert wait_gone(tree + workers, timeout=20) == []
 
 
+def test_processes_that_left_the_group_or_session_are_stopped_too(tmp_path):
+    """setsid, setpgid and a double fork escape a process-group kill; the reaper (a subreaper
+    that follows parent links) still finds them once torchrun is done."""
+    script = tmp_path / "escapes.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys
+        from course_lib.launcher.torchrun import init_distributed
+        rank, world = init_distributed()
+        a = subprocess.Popen(["sleep", "300"], start_new_session=True)  # setsid
+        b = subprocess.Popen(["sleep", "300"], process_group=0)  # setpgid(0, 0)
+        c = subprocess.run(["setsid", "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True).stdout.strip()  # double fork
+        print("escaped", a.pid, b.pid, c)
+    """))
+    job = torchrun(str(script), 2, quiet=True, timeout=120)
+    pids = [int(p) for ln in job.output.splitlines() if "escaped" in ln
+            for p in ln.split("escaped", 1)[1].split()]
+    assert len(pids) == 6, job.output
+    assert wait_gone(pids, timeout=20) == []
+
+
 def test_command_lines_are_what_a_learner_would_type():
     cmd = torchrun_command("train.py", 4, ["--steps", 10], nnodes=2, node_rank=1,
                            endpoint="10.0.0.1:29500")
@@ -72,9 +93,13 @@ def test_command_lines_are_what_a_learner_would_type():
                  "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "train.py --steps 10"):
         assert part in joined
     assert "--local-addr" not in joined  # only pinned on loopback
-    assert cluster_command("train.py", 8, 4) == (
+    *comment, command = cluster_command("train.py", 8, 4).splitlines()
+    assert command == (
         "torchrun --nnodes=4 --nproc-per-node=8 --rdzv-backend=c10d "
         "--rdzv-endpoint=$HEAD_NODE_ADDR:29500 --rdzv-id=$JOB_ID --max-restarts=3 train.py")
+    # what the store exposes, said where the command is printed (a shell comment: pastes as is)
+    assert all(line.startswith("# ") for line in comment)
+    assert "no authentication" in comment[0] and "private network" in comment[1]
 
 
 def test_bad_requests_fail_before_starting(monkeypatch):
@@ -86,6 +111,8 @@ def test_bad_requests_fail_before_starting(monkeypatch):
     for bad in (float("nan"), float("inf"), 0):
         with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
             torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=bad)
+    with pytest.raises(ValueError, match=r"timeout must be at most 604800 s \(a week\)"):
+        torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=1e15)
 
 
 def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
