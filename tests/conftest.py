@@ -17,6 +17,7 @@ CLOCK = (
     # the launcher: timeouts, Stop at random moments, kills, concurrent launches, torchrun agents
     "tests/launcher/test_launch.py",
     "tests/launcher/test_launch_big_results.py",
+    "tests/launcher/test_diagnose.py",
     "tests/launcher/test_launch_children.py",
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
