@@ -79,6 +79,7 @@ def collect_stacks(pids: dict[int, int], run_dir: str, wait: float = STACK_WAIT_
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+_CELL = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython keeps a cell's code
 
 
 def format_stack(raw: str) -> str:
@@ -95,6 +96,7 @@ def format_stack(raw: str) -> str:
             if os.path.dirname(os.path.abspath(path)) == _LAUNCHER:
                 break  # the launcher's own frames below the user's function
             shown = path.split("site-packages/", 1)[-1]  # torch/..., the same on any machine
+            shown = "<notebook cell>" if _CELL.search(shown) else shown
             lines.append(f'  File "{shown}", line {number}, in {func}')
             source = linecache.getline(path, number).strip()
             if source:
@@ -138,6 +140,8 @@ def summary(rank: int, message: str, stderr: str) -> str | None:
     found = _DETAIL.search(message) or _DETAIL.search(stderr)
     if found:
         a, fa, b, fb = found.groups()
+        if int(a) > int(b):  # in rank order, whichever rank reported it
+            a, fa, b, fb = b, fb, a, fa
         return (f"collective mismatch (found by debug='detail'): rank {a} runs "
                 f"{_fingerprint(fa)} while rank {b} runs {_fingerprint(fb)}")
     found = _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message)
