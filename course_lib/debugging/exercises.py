@@ -56,18 +56,18 @@ def check_checker(first_difference) -> tuple[bool, str]:
     return True, f"right on both ranks in all {len(CASES)} cases ({', '.join(CASES)})"
 
 
-DIAGNOSES = ("shapes differ", "never calls the collective", "calls another collective",
+DIAGNOSES = ("shapes differ", "never calls the collective", "waits on a different group",
              "weights drift", "NaN in its batch", "straggler")
-MYSTERY = (2, "never calls the collective")  # the chapter's mystery run: rank 2 skips all_reduce
+MYSTERY = (2, "waits on a different group")  # the chapter's mystery run
 
 
 def check_diagnosis(rank, cause) -> Feedback:
     """The broken rank and the cause of the chapter's mystery run."""
     name = "diagnose the mystery run"
     if rank is ... or cause is ...:
-        return Feedback(False, "not answered yet: set broken_rank and cause.", name)
+        return Feedback(False, "not answered yet: set answer_rank and answer_cause.", name)
     if rank != MYSTERY[0]:
         return Feedback(False, f"rank {rank!r} is not it: a rank whose stack ends in the "
                                "collective is waiting for someone; which rank is elsewhere?", name)
     return check_choice(cause, MYSTERY[1], DIAGNOSES, name=name,
-                        hint="look at the line rank 2's stack stops at")
+                        hint="read the source line rank 2's stack stops at, argument by argument")

@@ -34,4 +34,5 @@ def plot_step_times(rows: list, slow_rank: int | None = None):
     axes[0].set_ylabel("ms")
     axes[0].legend()
     fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value
     return fig
