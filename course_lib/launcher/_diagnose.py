@@ -148,6 +148,6 @@ def summary(rank: int, message: str, stderr: str) -> str | None:
     if found:
         got, expected = found.groups()
         return (f"rank {rank} died in a collective: it received {got} bytes where {expected} "
-                "were expected: the ranks disagree on the sizes of a collective (shapes, dtypes "
-                "or split sizes); run(..., debug='detail') names both sides")
+                "were expected: the ranks disagree on a collective's sizes (shapes, dtypes or "
+                "split sizes; run(..., debug='detail') compares shapes and dtypes, not splits)")
     return None
