@@ -7,7 +7,8 @@
   On a timeout the parent signals every unfinished rank *before* killing it and reads what each
   was doing (Python frames, any thread, even inside a blocking C call), within ``STACK_WAIT_S``.
 * A rank that died in a collective (gloo's "Received data size doesn't match expected size",
-  SIGABRT) or a mismatch found at ``"detail"`` gets one line naming the ranks and the mismatch.
+  SIGABRT) or a mismatch found at ``"detail"`` gets one line naming the ranks and the mismatch;
+  a rank whose error only says its peer went away is not blamed when a peer died.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 
 LEVELS = ("off", "info", "detail")
 STACK_WAIT_S = 2.0  # at most this long to collect the stacks of a hang
+PEER_WAIT_S = 1.0   # a rank that lost its peer: this long to see whether the peer died
 _LAUNCHER = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -114,6 +116,28 @@ def timeout_message(waiting: list[int], nprocs: int, timeout: float, stacks: dic
     parts = [head] + [f"\n--- where rank {rank} was (Python stack, most recent call first) ---\n"
                       f"{stacks[rank]}" for rank in waiting if rank in stacks]
     return "\n".join(parts)
+
+
+_PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Broken pipe")
+
+
+def culprit(state, ranks: list, sel, wait: float = PEER_WAIT_S):
+    """The rank to blame: ``state``, unless its error says a peer went away and, within
+    ``wait`` seconds, a peer is seen dead without answering (result pipe closed, no result) or
+    failing for a reason of its own."""
+    from course_lib.launcher._rank_pipes import open_pipes, pump
+    outcome = state.outcome
+    if not (outcome and outcome[0] == "error" and _PEER_GONE.search(outcome[2])):
+        return state
+    end = time.monotonic() + wait
+    while True:
+        dead = [r for r in ranks if r is not state and (
+            (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
+            or (r.outcome and r.outcome[0] == "error" and not _PEER_GONE.search(r.outcome[2])))]
+        if dead or time.monotonic() >= end:
+            return dead[0] if dead else state
+        for key, _ in sel.select(timeout=0.05):
+            pump(key.data[0], key.data[1], key.fd, sel)
 
 
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")

@@ -278,7 +278,10 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
                 if name == "result":
                     if state.outcome is None or state.outcome[0] == "error":
                         wait_exit(state, sel)
-                        raise _failure_of(state, nprocs)
+                        culprit = _diagnose.culprit(state, ranks, sel)
+                        if culprit is not state:  # a victim of a peer that died: name the peer
+                            wait_exit(culprit, sel)
+                        raise _failure_of(culprit, nprocs)
                     waiting.discard(state.rank)
                     view.update(done=nprocs - len(waiting))
                 elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):

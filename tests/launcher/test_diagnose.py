@@ -2,6 +2,8 @@
 a rank that died in a collective is summarised in one line; bad debug values fail up front."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -62,6 +64,30 @@ def test_a_hang_shows_where_each_unfinished_rank_waits():
     assert "in barrier" in rank0 and "in _rank_one_never_arrives" in rank0, rank0
     assert "time.sleep(60)" in rank1 and "in _rank_one_never_arrives" in rank1, rank1
     assert "_worker.py" not in text and "_watch_lifeline" not in text  # the launcher's own frames
+
+
+def _rank_one_dies_late_to_be_seen():
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        if os.fork() == 0:  # a child holds rank 1's pipes, not its sockets, a moment longer:
+            for fd in os.listdir("/proc/self/fd"):  # rank 0 sees the reset before the death
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                        os.close(int(fd))
+                except OSError:
+                    pass
+            time.sleep(0.4)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(t)  # rank 0: "Connection reset by peer", reported before rank 1's death
+
+
+def test_the_rank_that_died_is_blamed_not_the_peer_that_lost_it():
+    with pytest.raises(RankError) as info:
+        run(_rank_one_dies_late_to_be_seen, 2, timeout=30)
+    assert (info.value.rank, info.value.exc_type) == (1, "ProcessDied"), str(info.value)
+    assert "signal 9" in str(info.value)
 
 
 @pytest.mark.parametrize("bad", ["DETAIL!", "verbose", 1, True])
