@@ -37,9 +37,9 @@ def check_debug(debug: str | None) -> str | None:
 def apply_debug(level: str | None) -> None:
     """In a rank, before ``init_process_group``: set torch.distributed's debug level."""
     if level is None:  # the notebook's environment may still ask for one
-        if not os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
+        level = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").lower()
+        if level not in LEVELS:
             return
-        level = os.environ["TORCH_DISTRIBUTED_DEBUG"].lower()
     import torch.distributed as dist
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = level.upper()
     dist.set_debug_level(getattr(dist.DebugLevel, level.upper()))
