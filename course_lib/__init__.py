@@ -66,6 +66,9 @@ for _module, _names in {
     "deepspeed.load": ["deepspeed_status"],
     # 09 composing parallelisms
     "composition.measure": ["run_parallel"],
+    # 10 debugging distributed runs
+    "debugging.divergence": ["first_divergence"],
+    "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

@@ -17,6 +17,7 @@ CLOCK = (
     # the launcher: timeouts, Stop at random moments, kills, concurrent launches, torchrun agents
     "tests/launcher/test_launch.py",
     "tests/launcher/test_launch_big_results.py",
+    "tests/launcher/test_diagnose.py",
     "tests/launcher/test_launch_children.py",
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
@@ -34,6 +35,7 @@ CLOCK = (
     "tests/communication/test_link_sweep.py::test_each_throttled_step_is_within_the_stated_factor_of_alpha_beta",
     "tests/pipeline_parallel/test_pipeline.py::test_measured_bubble_budget_is_consistent",
     "tests/pipeline_parallel/test_torch_schedules.py::test_torch_schedule_equals_unsplit_model_and_measures_a_bubble",
+    "tests/debugging/test_debugging.py::test_the_straggler_is_the_slowed_rank_in_compute_not_in_step_time",
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",

@@ -14,6 +14,7 @@ import signal
 import struct
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -33,6 +34,7 @@ class Rank:
     outcome: tuple | None = None
     exitcode: int | None = None
     stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
+    err_tail: deque = field(default_factory=lambda: deque(maxlen=60))  # last stderr lines
 
     def kill(self) -> None:
         """SIGKILL the rank and its process group (what it started), unless it was reaped."""
@@ -83,6 +85,8 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
             lines, state.partial[name] = [bytes(buf)], bytearray()
         for line in lines:
             emit(line, state.rank, stream)
+            if name == "err":
+                state.err_tail.append(line.decode("utf-8", "replace"))
     if not data:
         sel.unregister(fd)
     return bool(data)

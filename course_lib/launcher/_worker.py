@@ -36,6 +36,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from course_lib.launcher import _diagnose
 from course_lib.launcher.devices import loopback_interface
 
 
@@ -97,6 +98,7 @@ def main(job: tuple, fds: list[int]) -> None:
     sys.stdout = _redirect(out_fd, 1)
     sys.stderr = _redirect(err_fd, 2)
     faulthandler.enable(file=sys.stderr)
+    stack_dump = _diagnose.arm_stack_dump(os.path.dirname(store_path), rank)  # noqa: F841
     status, message = 0, None
     try:
         sys.path[:] = context["sys_path"]
@@ -114,6 +116,7 @@ def main(job: tuple, fds: list[int]) -> None:
         device = placement.device_of(rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        _diagnose.apply_debug(context.get("debug"))
         stamps.append(("rank set up", time.monotonic()))
         store = dist.FileStore(store_path, world)
         dist.init_process_group(placement.backend, store=store, rank=rank, world_size=world,

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from course_lib.launcher import devices, progress
+from course_lib.launcher import _diagnose, devices, progress
 from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib.launcher._warm import WarmServer, preimports_of
@@ -43,9 +43,12 @@ __all__ = ["run", "RankError", "RunReport", "warm_up"]
 class RankError(RuntimeError):
     """A rank failed. ``rank``, ``exc_type`` and ``remote_traceback`` tell which and why."""
 
-    def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str):
+    def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str,
+                 summary: str | None = None):
         self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
-        super().__init__(f"rank {rank} of {nprocs} failed with {exc_type}: {message}\n"
+        self.summary = summary  # one line naming a collective mismatch, when one was recognised
+        super().__init__(("" if summary is None else f"{summary}\n") +
+                         f"rank {rank} of {nprocs} failed with {exc_type}: {message}\n"
                          f"\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}\n"
                          f"--- the other ranks were stopped ---")
 
@@ -83,16 +86,20 @@ def warm_up(wait: bool = True) -> None:
 
 
 def _failure_of(state: Rank, nprocs: int) -> RankError:
+    stderr = "\n".join(state.err_tail)
     if state.outcome and state.outcome[0] == "error":
         _, exc_type, message, tb = state.outcome
-        return RankError(state.rank, nprocs, exc_type, message, tb)
+        return RankError(state.rank, nprocs, exc_type, message, tb,
+                         _diagnose.summary(state.rank, message, stderr))
     code = state.exitcode
     if code is not None and code < 0:
         how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
     else:
         how = f"exited with code {code}"
+    said = _diagnose.summary(state.rank, "", stderr)
     return RankError(state.rank, nprocs, "ProcessDied", f"the process {how} before returning",
-                     "(no Python traceback: the process ended abruptly)")
+                     "(no Python traceback: the process ended abruptly)" + (
+                         f"; its last lines on stderr:\n{stderr}" if said else ""), said)
 
 
 def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
@@ -122,7 +129,7 @@ class RunReport:
 
 def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None = None,
         device: str | None = None, timeout: float = 120.0, threads: int | None = None,
-        report: RunReport | None = None, **kwargs: Any) -> list:
+        report: RunReport | None = None, debug: str | None = None, **kwargs: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on ``nprocs`` processes with torch.distributed initialised.
 
     Returns the per-rank return values in rank order. Inside ``fn``, ``dist.get_rank()`` and
@@ -131,12 +138,16 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     GPU per rank when there are enough GPUs — see :func:`course_lib.launcher.devices.plan`).
     ``timeout`` (seconds) bounds the whole run; ``threads`` sets torch threads per rank.
     ``report``, a :class:`RunReport`, is filled in with the ranks' exit statuses and a timing
-    breakdown (for tests and benchmarks).
-    The names ``backend``, ``device``, ``timeout``, ``threads`` and ``report`` belong to ``run``:
-    to give ``fn`` arguments with those names, wrap it with ``functools.partial``.
+    breakdown (for tests and benchmarks). ``debug`` (``"off"``, ``"info"``, ``"detail"``) sets
+    torch.distributed's debug level in the ranks (``"detail"`` checks every collective's
+    consistency across ranks: a mismatch raises instead of hanging or aborting).
+    The names ``backend``, ``device``, ``timeout``, ``threads``, ``report`` and ``debug`` belong
+    to ``run``: to give ``fn`` arguments with those names, wrap it with ``functools.partial``.
 
     Raises :class:`RankError` naming the first rank that failed (with its traceback),
-    ``TimeoutError`` when ranks do not finish in time; on any error or interrupt all ranks are
+    ``TimeoutError`` when ranks do not finish in time (with each unfinished rank's Python stack,
+    taken before it is killed); a recognised collective mismatch is named in the error's first
+    line. On any error or interrupt all ranks are
     killed before ``run`` returns. An interrupt (Stop) raises a one-line ``KeyboardInterrupt``;
     where it arrived inside ``run`` is kept in its ``__context__``.
     """
@@ -144,6 +155,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     devices.check_timeout(timeout)
+    level = _diagnose.check_debug(debug)
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
@@ -151,7 +163,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
         raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
                         f"ranks: {exc}") from exc
     try:
-        return _launch(fn, placement, payload, timeout, report, start)
+        return _launch(fn, placement, payload, timeout, report, start, level)
     except KeyboardInterrupt:
         # the ranks are gone already; the frames inside the launcher would only hide that
         raise KeyboardInterrupt(f"run on {nprocs} rank(s) stopped; every rank was ended") \
@@ -159,11 +171,12 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
 
 
 def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes,
-            timeout: float, report: RunReport | None, start: float) -> list:
+            timeout: float, report: RunReport | None, start: float, debug: str | None) -> list:
     """Start the ranks, supervise them, and end every one of them on the way out."""
     nprocs = placement.nprocs
     phases = [("called", start), ("checked and pickled", time.monotonic())]
-    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ)}
+    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
+               "debug": debug}
     server = _SERVERS.get()
     phases.append(("server ready", time.monotonic()))
     workdir = make_run_dir()
@@ -192,7 +205,7 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
         phases.append(("ranks forked", time.monotonic()))
         os.close(lifeline_r)
         lifeline_r = -1
-        results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout)
+        results = _supervise(ranks, sel, nprocs, time.monotonic() + timeout, timeout, workdir)
         phases.append(("results in", time.monotonic()))
         succeeded = True
         return results
@@ -245,17 +258,16 @@ def _release(lifeline_w: int, nprocs: int) -> None:
 
 
 def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, deadline: float,
-               timeout: float) -> list:
+               timeout: float, workdir: str) -> list:
     """Forward output and collect results until every rank answered, one failed, or time is up."""
     waiting = set(range(nprocs))
     with progress.watch(f"run on {nprocs} ranks", nprocs) as view:  # silent outside a notebook
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"rank(s) {sorted(waiting)} of {nprocs} did not finish within "
-                                   f"{timeout:g} s; a collective may be waiting for a rank that "
-                                   "never calls it (pass a larger timeout= if the work is just "
-                                   "slow)")
+                stacks = _diagnose.collect_stacks({r: ranks[r].pid for r in waiting}, workdir)
+                raise TimeoutError(_diagnose.timeout_message(sorted(waiting), nprocs, timeout,
+                                                             stacks))
             for key, _ in sel.select(timeout=min(remaining, view.wait)):
                 state, name = key.data
                 if pump(state, name, key.fd, sel):
@@ -263,7 +275,10 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
                 if name == "result":
                     if state.outcome is None or state.outcome[0] == "error":
                         wait_exit(state, sel)
-                        raise _failure_of(state, nprocs)
+                        culprit = _diagnose.culprit(state, ranks, sel)
+                        if culprit is not state:  # a victim of a peer that died: name the peer
+                            wait_exit(culprit, sel)
+                        raise _failure_of(culprit, nprocs)
                     waiting.discard(state.rank)
                     view.update(done=nprocs - len(waiting))
                 elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):

@@ -1,0 +1,1 @@
+"""Chapter 10: diagnosing hung, crashed and drifting runs (divergence checker, NaN flag, straggler)."""

@@ -1,0 +1,128 @@
+"""Chapter 10's broken runs, on real ranks: drifting weights, a NaN on one rank, a slow rank.
+
+Each runs a small data-parallel loop by hand (chapter 02's ``average_gradients``) with one
+fault switched on, and returns what the chapter's tools saw on the ranks:
+``drift_run(cause)`` the first differing tensor after each step (:mod:`.divergence`),
+``nan_run`` the is-finite flags (:mod:`.health`), ``straggler_run`` each rank's compute and
+step time. The faults are real (a seed, a missing broadcast, a skipped step, a NaN in one
+rank's batch, a sleep on one rank), the verdicts come from the collectives.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.data_parallel.by_hand import average_gradients
+from course_lib.debugging.divergence import first_divergence
+from course_lib.debugging.health import all_finite, is_finite, nonfinite_ranks, step_times
+from course_lib.launcher.launch import run
+
+__all__ = ["CAUSES", "small_model", "drift_run", "nan_run", "straggler_run"]
+
+CAUSES = ("none", "seed", "dropout_seed", "buffer", "one_rank_step")
+
+
+def small_model() -> nn.Sequential:
+    """Linear → BatchNorm (buffers) → ReLU → Dropout → Linear: every way to drift, 177 weights."""
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5),
+                         nn.Linear(16, 1))
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own share of the data
+    return torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+
+
+def _step(model, opt, step, rank, cause="none", poison=False) -> torch.Tensor:
+    x, y = _batch(step, rank)
+    if poison:
+        x[0, 0] = float("nan")
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    average_gradients(model)
+    if cause != "buffer":  # what DDP does by default (broadcast_buffers=True)
+        for buf in model.buffers():
+            dist.broadcast(buf, 0)
+    if cause != "one_rank_step" or rank == 0:
+        opt.step()
+    return loss.detach()
+
+
+def _drift_rank(cause: str, steps: int) -> list:
+    rank = dist.get_rank()
+    torch.manual_seed(rank if cause == "seed" else 0)
+    model = small_model()
+    if cause == "dropout_seed":
+        torch.manual_seed(rank)  # same initial weights, different dropout masks
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = [first_divergence(model)]
+    for step in range(steps):
+        _step(model, opt, step, rank, cause)
+        seen.append(first_divergence(model))
+    return seen
+
+
+def drift_run(cause: str = "none", steps: int = 3, nprocs: int = 2) -> list:
+    """Rank 0's view: ``first_divergence`` before training and after each of ``steps`` steps."""
+    if cause not in CAUSES:
+        raise ValueError(f"cause must be one of {list(CAUSES)}, got {cause!r}")
+    return run(_drift_rank, nprocs, cause, steps)[0]
+
+
+def _nan_rank(bad_rank: int, bad_step: int, steps: int, guard: bool) -> dict:
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    flags = []
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        if rank == bad_rank and step == bad_step:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        grads = [p.grad for p in model.parameters()]
+        if guard and not all_finite(*grads):  # every rank skips the step together
+            flags.append(nonfinite_ranks(*grads))
+            continue
+        flags.append([])
+        average_gradients(model)
+        opt.step()
+    return {"skipped": flags, "weights_finite": is_finite(*model.parameters())}
+
+
+def nan_run(bad_rank: int = 1, bad_step: int = 1, steps: int = 3, guard: bool = True,
+            nprocs: int = 2) -> list:
+    """Rank ``bad_rank`` gets a NaN in its batch at ``bad_step``. Per rank: the non-finite ranks
+    each step named (``[]`` = step taken) and whether its weights are still finite."""
+    return run(_nan_rank, nprocs, bad_rank, bad_step, steps, guard)
+
+
+def _straggler_rank(slow_rank: int, delay: float, steps: int) -> list:
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rows = []
+    for step in range(steps):
+        start = time.perf_counter()
+        x, y = _batch(step, rank)
+        nn.functional.mse_loss(model(x), y).backward()
+        if rank == slow_rank:
+            time.sleep(delay)  # the injected slowness: a throttled core, a busy neighbour
+        compute = time.perf_counter() - start
+        average_gradients(model)  # the fast ranks wait here for the slow one
+        opt.step()
+        opt.zero_grad()
+        rows.append((step_times(compute), step_times(time.perf_counter() - start)))
+    return rows
+
+
+def straggler_run(slow_rank: int = 1, delay: float = 0.05, steps: int = 4,
+                  nprocs: int = 2) -> list:
+    """Per step: ``(compute times, step times)`` of every rank, gathered on the ranks."""
+    return run(_straggler_rank, nprocs, slow_rank, delay, steps)[0]
