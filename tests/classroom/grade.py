@@ -91,15 +91,15 @@ def exercise_name(source: str, index: int) -> str:
     return f"exercise {index + 1}"
 
 
-def identify(nb: dict) -> Path | None:
-    """The chapter a submitted notebook belongs to, from its content."""
-    by_stem = {p.stem: p for p in CHAPTERS}
+def identify(nb: dict, chapters: list[Path] = CHAPTERS) -> Path | None:
+    """The chapter (one of ``chapters``) a submitted notebook belongs to, from its content."""
+    by_stem = {p.stem: p for p in chapters}
     named = nb.get("metadata", {}).get("course", {}).get("chapter")
     if named in by_stem:
         return by_stem[named]
     mine = {_source(c).strip() for c in nb.get("cells", []) if c.get("cell_type") == "markdown"}
     best, share = None, 0.0
-    for path in CHAPTERS:
+    for path in chapters:
         theirs = [_source(c).strip() for c in json.loads(path.read_text())["cells"]
                   if c["cell_type"] == "markdown" and "<summary>Solution" not in _source(c)]
         got = sum(t in mine for t in theirs) / max(len(theirs), 1)
@@ -188,15 +188,16 @@ def _verdict(outcome, time_limit: float, cap: int) -> tuple[bool, list[str]]:
     return passed, lines or ["the check did not run"]
 
 
-def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 100_000) -> Result:
-    """Grade one submitted notebook (see the module docstring)."""
+def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
+                   chapters: list[Path] = CHAPTERS) -> Result:
+    """Grade one submitted notebook against the published ``chapters`` (default: the course's)."""
     start = time.monotonic()
     try:
         nb = json.loads(Path(path).read_text())
         cells = nb["cells"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return Result(str(path), None, error=f"not a readable notebook: {err}")
-    chapter = identify(nb)
+    chapter = identify(nb, chapters)
     if chapter is None:
         return Result(str(path), None, error="no chapter of the course matches this notebook")
     published = json.loads(chapter.read_text())["cells"]
@@ -247,12 +248,14 @@ def _run_setup(session: Session, cell: dict, is_exercise: bool, chapter: str, i:
 
 
 def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
+                 chapters: list[Path] = CHAPTERS,
                  progress: Callable[[str], None] = lambda line: None) -> list[Result]:
     """Grade every ``*.ipynb`` under ``folder``; one that cannot be graded is reported, not fatal."""
     results = []
     for path in sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
         try:
-            result = grade_notebook(path, time_limit=time_limit, output_cap=output_cap)
+            result = grade_notebook(path, time_limit=time_limit, output_cap=output_cap,
+                                    chapters=chapters)
         except Exception as err:  # noqa: BLE001 - the batch goes on
             result = Result(str(path), None, error=f"{type(err).__name__}: {err}")
         results.append(result)
