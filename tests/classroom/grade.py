@@ -205,6 +205,18 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
     answers = find_answers(exercises, cells)
     result = Result(str(path), chapter.stem)
     names = [exercise_name(e.source, k) for k, e in enumerate(exercises)]
+    try:
+        _grade_cells(published, exercises, answers, names, result, chapter.stem, time_limit,
+                     output_cap)
+    except RuntimeError as err:  # a published cell failed: grade what is left as not graded
+        result.error = str(err)
+        result.exercises += [ExerciseResult(name, False, [f"not graded: {err}"])
+                             for name in names[len(result.exercises):]]
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _grade_cells(published, exercises, answers, names, result, chapter, time_limit, output_cap):
     at = {e.cell: k for k, e in enumerate(exercises)}
     with Session(output_cap=output_cap) as session:
         replay = False
@@ -215,7 +227,7 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
                 session.restart()
                 for j, before in enumerate(published[:i]):
                     if before["cell_type"] == "code":
-                        _run_setup(session, before, j in at, chapter.stem, j)
+                        _run_setup(session, before, j in at, chapter, j)
                 replay = False
             if i in at:
                 k, t0 = at[i], time.monotonic()
@@ -235,9 +247,7 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
                                                        time.monotonic() - t0))
                 if replay or k == len(exercises) - 1:
                     continue
-            _run_setup(session, cell, i in at, chapter.stem, i)
-    result.seconds = time.monotonic() - start
-    return result
+            _run_setup(session, cell, i in at, chapter, i)
 
 
 def _run_setup(session: Session, cell: dict, is_exercise: bool, chapter: str, i: int) -> None:
