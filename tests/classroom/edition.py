@@ -115,7 +115,7 @@ def student_notebook(nb: dict, chapter: str) -> tuple[dict, str]:
                     cell["source"] = source
                     hidden += gone
         out.append(cell)
-    removed = (f"{len(solution_cells)} solution blocks, the wrong answers the tests try, "
+    removed = (f"{len(solution_cells)} solution blocks, the plausible mistakes the tests try, "
                f"{cleared} text or widget outputs (figures and tables kept)")
     if hidden:
         removed += f", the library's {', '.join(hidden)} (imported instead: a solution)"
