@@ -1,6 +1,7 @@
 """The autograder on chapter 00 (one batch, graded once): the solutions score every exercise, the
 student edition none, a mistake fails its exercise only, with the check's feedback. Containment
-(a crash, a hang, a flood, a deleted folder) on a chapter of two quick exercises: ``TINY``."""
+(a crash, a deleted folder, a deadlock on the ranks) on a chapter of two quick exercises,
+``TINY``; a hang and a flood in the kernel itself: ``test_session.py``."""
 import csv
 import json
 
@@ -85,37 +86,40 @@ def _code(text):
 
 
 TINY = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
-    _md("# A tiny chapter\n\nTwo exercises that need no ranks."),
-    _code("from course_lib import check_number, check_true\nbase = 41"),
+    _md("# A tiny chapter\n\nTwo exercises, the second one on 2 ranks."),
+    _code("from course_lib import check_number, check_true, run\nbase = 41\n"
+          "run(lambda: None, 2)  # the helper that forks ranks is up before the first check"),
     _md("What is `base + 1`?"),
     _code("answer = ...\ncheck_number(answer, base + 1, name='plus one')"),
     _md("<details><summary>Solution</summary>\n\n`answer = 42`\n</details>"),
     _code("def double(x):\n    raise NotImplementedError\n\n"
-          "check_true(lambda: (double(base) == 2 * base, 'double it'), name='double')"),
+          "check_true(lambda: (run(lambda: double(base), 2) == [2 * base] * 2, 'doubled on 2 ranks'),"
+          " name='double')"),
     _md("<details><summary>Solution</summary>\n\n```python\ndef double(x):\n"
         "    return 2 * x\n```\n</details>"),
 ]}
 DOUBLE = "def double(x):\n    return 2 * x"
+DEADLOCK = ("def double(x):\n    import torch, torch.distributed as dist\n"
+            "    if dist.get_rank() == 0:\n        dist.all_reduce(torch.zeros(1))  # rank 1 never comes\n"
+            "    return 2 * x")
 
 
-def test_a_crash_a_hang_a_flood_and_a_deleted_folder_fail_only_their_exercise(tmp_path):
+def test_a_crash_a_deleted_folder_and_a_deadlock_fail_only_their_exercise(tmp_path):
     chapter = tmp_path / "99_tiny.ipynb"
     chapter.write_text(json.dumps(TINY))
     folder = tmp_path / "in"
     folder.mkdir()
-    cases = {"crash": "import os\nos._exit(3)\nanswer = 42",
-             "hang": "import time\nwhile True:\n    time.sleep(0.1)\nanswer = 42",
-             "flood": "while True:\n    print('x' * 1000)\nanswer = 42"}
-    for name, first in cases.items():
-        (folder / f"{name}.ipynb").write_text(json.dumps(answered_notebook(TINY, {0: first, 1: DOUBLE})))
-    (folder / "delete.ipynb").write_text(json.dumps(answered_notebook(TINY, {  # the next one
-        0: "import os, shutil\nshutil.rmtree(os.getcwd())\nanswer = 42",  # needs a cwd again
-        1: "def double(x):\n    import os\n    os.listdir(os.getcwd())\n    return 2 * x"})))
+    cases = {"crash": {0: "import os\nos._exit(3)\nanswer = 42", 1: DOUBLE},
+             "delete": {0: "import os, shutil\nshutil.rmtree(os.getcwd())\nanswer = 42", 1: DOUBLE},
+             "deadlock": {0: "answer = 42", 1: DEADLOCK}}
+    for name, answers in cases.items():
+        (folder / f"{name}.ipynb").write_text(json.dumps(answered_notebook(TINY, answers)))
     results = {r.file.rsplit("/", 1)[1][:-6]: r for r in grade_folder(
-        folder, time_limit=3, output_cap=20_000, chapters=[chapter])}
-    for name, words in [("crash", "kernel died"), ("hang", "time limit of 3 s"),
-                        ("flood", "more than 20,000 characters")]:
-        assert verdicts(results[name]) == [False, True], (name, results[name])  # the next one runs
-        assert words in results[name].exercises[0].feedback[0]
-    assert verdicts(results["delete"]) == [True, True]   # its own folder only, and it is back
+        folder, time_limit=5, chapters=[chapter])}
+    crash = results["crash"]   # restarted, the cells before replayed: the ranks' exercise passes
+    assert verdicts(crash) == [False, True] and "kernel died" in crash.exercises[0].feedback[0]
+    assert verdicts(results["delete"]) == [True, True]   # the folder is back for the ranks
+    deadlock = results["deadlock"]   # a hang on the ranks: interrupted, no rank left
+    assert verdicts(deadlock) == [True, False]
+    assert "time limit of 5 s" in deadlock.exercises[1].feedback[0]
     assert rank_processes() == []
