@@ -1,0 +1,58 @@
+"""How long the autograder takes on a class's batch: 3 submissions x 2 chapters (00 and 01).
+
+    python benchmarks/bench_grader.py [CHAPTER_STEM ...]      # default: 00_start_here 01_training_memory
+
+Per chapter it grades the solutions, the student edition and one listed mistake (the first
+``exercise_wrong`` of the chapter, else the stub of its last exercise kept), each in its own fresh
+kernel as ``python -m tests.classroom grade`` does, and prints seconds per notebook, the total
+and the load average (the time is dominated by re-running each chapter's published cells, once
+per submission: a chapter's cost is about its nbval time).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.classroom.edition import CHAPTERS, answered_notebook, student_notebook  # noqa: E402
+from tests.classroom.grade import grade_folder  # noqa: E402
+
+from exercise_cells import find_exercises  # noqa: E402
+
+
+def batch(chapter: Path, folder: Path) -> None:
+    nb = json.loads(chapter.read_text())
+    exercises = find_exercises(nb["cells"])
+    answers = {k: e.solution for k, e in enumerate(exercises)}
+    listed = [(k, code) for k, e in enumerate(exercises) for _, code in e.wrongs]
+    if listed:
+        answers[listed[0][0]] = listed[0][1]
+    else:
+        answers.pop(len(exercises) - 1)
+    for name, content in [("a", answered_notebook(nb)), ("b", student_notebook(nb, chapter.stem)[0]),
+                          ("c", answered_notebook(nb, answers))]:
+        (folder / f"{chapter.stem[:2]}{name}.ipynb").write_text(json.dumps(content))
+
+
+def main(stems: list[str]) -> None:
+    chapters = [p for p in CHAPTERS if p.stem in stems]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for chapter in chapters:
+            batch(chapter, folder)
+        start = time.monotonic()
+        results = grade_folder(folder, progress=print)
+        total = time.monotonic() - start
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    for r in results:
+        print(f"{Path(r.file).name}: {r.chapter} {r.score}/{len(r.exercises)} in {r.seconds:.1f} s")
+    print(f"{len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
+          f"(load average {load}, {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["00_start_here", "01_training_memory"])

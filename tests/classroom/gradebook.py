@@ -1,0 +1,53 @@
+"""The gradebook: a CSV (otter-grader's layout) and an HTML page of each student's feedback.
+
+``gradebook.csv`` has one row per submitted notebook: ``file``, ``chapter``, one column per
+exercise (``<chapter>: <name>``, 1 or 0; empty for another chapter's), ``total``, ``possible``,
+``percent_correct`` and ``error`` (a notebook the grader could not grade). ``feedback.html`` lists
+each notebook's exercises with the check's own messages (they never contain the solution).
+"""
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+from tests.classroom.grade import Result
+
+
+def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
+    """Write ``gradebook.csv`` and ``feedback.html`` into ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = []
+    for r in results:
+        columns += [f"{r.chapter}: {e.name}" for e in r.exercises
+                    if f"{r.chapter}: {e.name}" not in columns]
+    csv_path = out_dir / "gradebook.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["file", "chapter", *columns, "total", "possible", "percent_correct",
+                         "error"])
+        for r in results:
+            got = {f"{r.chapter}: {e.name}": int(e.passed) for e in r.exercises}
+            possible = len(r.exercises)
+            writer.writerow([r.file, r.chapter or "", *(got.get(c, "") for c in columns), r.score,
+                             possible, f"{100 * r.score / possible:.1f}" if possible else "",
+                             r.error or ""])
+    rows = []
+    for r in results:
+        head = f"{html.escape(Path(r.file).name)} — {html.escape(r.chapter or 'unknown chapter')}"
+        rows.append(f"<h2>{head}: {r.score} / {len(r.exercises)}</h2>")
+        if r.error:
+            rows.append(f"<p class='error'>Not graded: {html.escape(r.error)}</p>")
+        rows.append("<ul>")
+        for e in r.exercises:
+            mark = "passed" if e.passed else "not yet"
+            lines = "".join(f"<li>{html.escape(line)}</li>" for line in e.feedback)
+            rows.append(f"<li class='{mark.replace(' ', '-')}'><b>{html.escape(e.name)}</b>: "
+                        f"{mark}<ul>{lines}</ul></li>")
+        rows.append("</ul>")
+    html_path = out_dir / "feedback.html"
+    html_path.write_text("<!doctype html><meta charset='utf-8'><title>Feedback</title>"
+                         "<style>.passed{color:#176f2c}.not-yet{color:#a4262c}.error{color:#a4262c}"
+                         "</style><h1>Feedback per notebook</h1>\n" + "\n".join(rows) + "\n")
+    return csv_path, html_path
