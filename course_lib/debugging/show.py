@@ -7,7 +7,7 @@ from course_lib.display import COLORS, DPI, FIGSIZE
 
 _RANK_COLORS = list(COLORS.values())
 
-__all__ = ["format_drift", "plot_step_times"]
+__all__ = ["format_drift", "plot_step_times", "drift_widget"]
 
 
 def format_drift(cause: str, seen: list) -> str:
@@ -36,3 +36,18 @@ def plot_step_times(rows: list, slow_rank: int | None = None):
     fig.tight_layout()
     plt.close(fig)  # shown once, as the cell's value
     return fig
+
+
+def drift_widget():
+    """A dropdown over the ways ranks drift apart: each choice runs 2 real ranks and prints what
+    the divergence checker found after every step (:func:`format_drift`)."""
+    import ipywidgets as widgets
+
+    from course_lib.debugging.measure import CAUSES, drift_run
+
+    def show(cause: str = "buffer", steps: int = 2) -> None:
+        print(format_drift(cause, drift_run(cause, steps=steps)))
+
+    return widgets.interactive(
+        show, cause=widgets.Dropdown(options=list(CAUSES), value="buffer", description="cause"),
+        steps=widgets.IntSlider(value=2, min=1, max=5, description="steps"))

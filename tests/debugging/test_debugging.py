@@ -99,3 +99,16 @@ def test_check_diagnosis():
     assert not exercises.check_diagnosis(0, "waits on a different group").passed
     assert not exercises.check_diagnosis(2, "shapes differ").passed
     assert not exercises.check_diagnosis(..., ...).passed
+
+
+def test_the_drift_widget_offers_every_cause_and_prints_what_the_checker_found(capsys):
+    from course_lib.debugging.measure import CAUSES
+    from course_lib.debugging.show import drift_widget
+
+    widget = drift_widget()
+    cause, steps = widget.children[:2]
+    assert list(cause.options) == list(CAUSES) and cause.value == "buffer"
+    capsys.readouterr()
+    widget.update()  # what a change of the dropdown calls: real ranks, then the checker's lines
+    text = "".join(o.get("text", "") for o in widget.out.outputs) or capsys.readouterr().out
+    assert "cause: buffer" in text and "running_mean" in text, text
