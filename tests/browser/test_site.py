@@ -32,7 +32,7 @@ SITE = ROOT / "_build" / "site"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PAGES = ["index.html", *(f"notebooks/{n[:-6]}.html" for n in NOTEBOOKS),
-         "docs/glossary.html", "docs/architecture.html"]
+         "docs/glossary.html", "docs/architecture.html", "docs/contributing.html"]
 RAW_WIDGET = re.compile(r"\b(interactive|VBox|HBox)\(children=")
 
 if not (SITE / "index.html").exists():
@@ -177,7 +177,8 @@ def test_sidebar_follows_the_course_order(base, browser_page):
     hrefs = page.locator(".sidebar-tree a.reference").evaluate_all(
         "els => els.map(e => new URL(e.href).pathname.split('/').slice(-2).join('/'))")
     expected = [f"notebooks/{n[:-6]}.html" for n in NOTEBOOKS] + ["docs/glossary.html",
-                                                                 "docs/architecture.html"]
+                                                                 "docs/architecture.html",
+                                                                 "docs/contributing.html"]
     assert hrefs == expected
     chapters = page.locator("article table a").evaluate_all("els => els.map(e => e.href)")
     assert [urlsplit(h).path.split("/")[-1] for h in chapters[:len(NOTEBOOKS)]] == \
