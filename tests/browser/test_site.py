@@ -193,3 +193,18 @@ def test_search_finds_zero(base, browser_page):
     assert any("03_sharding_zero_fsdp.html" in h for h in found), found
     assert any("08_deepspeed_and_megatron.html" in h for h in found), found
     assert not outside, f"search asked the internet for {outside}"
+
+
+def test_copied_flags_keep_their_hyphens_and_wide_blocks_fit_the_column(base, browser_page):
+    """Typography must not turn `--flag` into an en dash; a wide table scrolls inside itself instead
+    of being cut off; at this width most code and output blocks fit the text column."""
+    page, _ = _open(browser_page, base, "notebooks/03_sharding_zero_fsdp.html")
+    text = page.locator("article").inner_text()
+    assert "--use-megatron-fsdp" in text and "\u2013use-megatron-fsdp" not in text
+    cut = page.locator("article table").evaluate_all(
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1"
+        " && getComputedStyle(e).overflowX === 'visible').length")
+    assert cut == 0, f"{cut} tables are cut off at the column's edge"
+    wide = page.locator("article pre").evaluate_all(
+        "els => els.map(e => e.scrollWidth > e.clientWidth + 1)")
+    assert sum(wide) <= len(wide) // 4, f"{sum(wide)} of {len(wide)} code/output blocks scroll sideways"
