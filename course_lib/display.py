@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-__all__ = ["FIGSIZE", "DPI", "COLORS", "side_by_side"]
+__all__ = ["FIGSIZE", "DPI", "COLORS", "side_by_side", "show_source"]
 
 FIGSIZE = (7.0, 3.5)
 DPI = 80
@@ -33,3 +33,26 @@ def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")
         f"<pre style='font-size:11px'>{html.escape(inspect.getsource(obj))}</pre></td>"
         for title, obj in zip(titles, (left, right)))
     return HTML(f"<table><tr>{cells}</tr></table>")
+
+
+def show_source(*objects: object, open: bool = False):
+    """Library source (read with ``inspect``), folded under one summary line per object.
+
+    A notebook shows what a tool does on demand without a screen of code in the way; ``open=True``
+    for the one place where the code is the point (a whole script). IPython is imported on call.
+    """
+    import html
+    import inspect
+
+    from IPython.display import HTML
+
+    parts = []
+    for obj in objects:
+        lines, first = inspect.getsourcelines(obj)
+        name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+        where = inspect.getsourcefile(obj) or "?"
+        where = where[where.rfind("course_lib"):] if "course_lib" in where else where.rsplit("/", 1)[-1]
+        parts.append(f"<details{' open' if open else ''}><summary>source of <code>{html.escape(name)}</code>"
+                     f" ({html.escape(where)}, {len(lines)} lines)</summary>"
+                     f"<pre style='font-size:0.85em'>{html.escape(''.join(lines))}</pre></details>")
+    return HTML("".join(parts))

@@ -35,11 +35,29 @@ class Feedback:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _parts(self) -> tuple[str, str, str]:
+        """(mark, colour, message): plain capitals, so pass and fail differ without an emoji font."""
+        if self.passed:
+            return "PASS", "#1a7f37", self.message
+        if self.message.startswith(_UNANSWERED):
+            return "TO DO", "#6e7781", self.message[len(_UNANSWERED):].lstrip(": ")
+        return "NOT YET", "#cf222e", self.message
+
     def __repr__(self) -> str:
-        mark = "✅ correct" if self.passed else "❌ not yet"
-        return f"[{self.name}] {mark}: {self.message}"
+        mark, _, message = self._parts()
+        return f"[{self.name}] {mark}: {message}"
 
     __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        import html
+        mark, colour, message = self._parts()
+        return (f'<div class="course-feedback"><span style="background:{colour};color:#fff;'
+                f'font-weight:bold;padding:0 0.4em;border-radius:3px">{mark}</span> '
+                f'<code>{html.escape(self.name)}</code> {html.escape(message)}</div>')
+
+
+_UNANSWERED = "not answered yet"
 
 
 def _not_answered(answer: Any) -> bool:

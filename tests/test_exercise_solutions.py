@@ -8,6 +8,7 @@ the machinery on a small exercise, including that it catches a wrong solution an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ def test_every_check_cell_is_an_exercise_with_a_stub_and_a_solution_that_replace
             assert "__record(check_" in code
         assert built["solution"] != built["stub"]
         stored = "".join(_text(o) for o in cells[exercise.cell].get("outputs", []))
-        assert "❌ not yet" in stored, f"{path.name} cell {exercise.cell}: stored output {stored!r}"
+        assert re.search(r"\] (TO DO|NOT YET): ", stored) and "] PASS: " not in stored, f"{path.name} cell {exercise.cell}: stored output {stored!r}"
 
 
 def _text(output: dict) -> str:
@@ -79,7 +80,7 @@ def test_the_verdict_catches_a_wrong_solution_a_raising_check_and_a_leak():
     with pytest.raises(AssertionError, match="the solution raised NameError"):
         check_report(_run("answer = 6 * m"))
     report = _run("answer = 6 * n")
-    report["wrong"]["messages"] = ["[six n] ❌ not yet: too high, it is 6,000."]
+    report["wrong"]["messages"] = ["[six n] NOT YET: too high, it is 6,000."]
     with pytest.raises(AssertionError, match="shows the solution"):
         check_report(report)
 

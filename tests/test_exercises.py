@@ -40,3 +40,14 @@ def test_check_choice_and_check_true():
     remote = RankError(1, 4, "KeyError", "'w'", "Traceback ...")
     fb = check_true(lambda: (_ for _ in ()).throw(remote))
     assert "raised KeyError on rank 1" in fb.message and "Traceback" not in fb.message
+
+
+def test_pass_fail_and_unanswered_differ_in_plain_capitals_and_in_colour():
+    """Without an emoji font a learner still tells them apart: three different capital words."""
+    ref = check_number(5, 5, name="n")
+    wrong = check_number(6, 5, name="n")
+    todo = check_number(..., 5, name="n")
+    assert repr(ref).startswith("[n] PASS: ") and repr(wrong).startswith("[n] NOT YET: ")
+    assert repr(todo).startswith("[n] TO DO: replace") and "not answered" not in repr(todo)
+    colours = {f._repr_html_().split("background:")[1][:7] for f in (ref, wrong, todo)}
+    assert len(colours) == 3

@@ -93,7 +93,7 @@ def test_staging_the_repository(tmp_path):
     files = stage.stage(tmp_path)
     assert not (tmp_path / "stale.md").exists()
     assert {p.relative_to(tmp_path).as_posix() for p in files} == {
-        "index.md", "docs/glossary.md", "docs/architecture.md",
+        "index.md", "docs/glossary.md", "docs/architecture.md", "docs/contributing.md",
         *(f"notebooks/{p.name}" for p in NOTEBOOKS)}
     home = (tmp_path / "index.md").read_text()
     assert "badge_logo.svg" not in home  # an image from the internet would load at view time

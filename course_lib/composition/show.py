@@ -17,7 +17,7 @@ def layout_line(model: str, tp: int, pp: int, dp_shard: int, gpu_gb: int = 80) -
         return f"{model}: {err}"
     need = r["per_gpu_bytes"]
     verdict = "fits" if need < gpu_gb * 1e9 else "does not fit"
-    return (f"{model} ({r['params'] / 1e9:.1f}B parameters) on TP {tp} x PP {pp} x FSDP {dp_shard}"
+    return (f"{model}-class GPT ({r['params'] / 1e9:.1f}B parameters) on TP {tp} x PP {pp} x FSDP {dp_shard}"
             f" = {math.prod(layout.values()):,} GPUs: model states {need / 2**30:.1f} GiB per GPU"
             f" — {verdict} in {gpu_gb} GB (activations come on top)")
 
@@ -29,8 +29,12 @@ def layout_widget():
     def show(model: str = "405B", tp: int = 8, pp: int = 16, dp_shard: int = 128) -> None:
         print(layout_line(model, tp, pp, dp_shard))
 
+    one = {"tp": 1, "pp": 1, "dp_shard": 1}
+    labels = [(f"{name}-class: {at_scale(name, one)['params'] / 1e9:.1f}B (this course's GPT at that"
+               f" model's depth and width)", name) for name in SCALE_PRESETS]
     return widgets.interactive(
-        show, model=widgets.Dropdown(options=list(SCALE_PRESETS), value="405B"),
+        show, model=widgets.Dropdown(options=labels, value="405B",
+                                     layout=widgets.Layout(width="max-content")),
         tp=widgets.Dropdown(options=[1, 2, 4, 8], value=8),
         pp=widgets.Dropdown(options=[1, 2, 4, 8, 16], value=16),
         dp_shard=widgets.Dropdown(options=[1, 8, 16, 64, 128], value=128))

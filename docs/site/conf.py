@@ -17,6 +17,7 @@ nb_merge_streams = True            # one block per cell, not one per print flush
 myst_heading_anchors = 3           # GitHub-style slugs, so README-style #anchors resolve
 myst_enable_extensions = []        # plain CommonMark + tables; no dollarmath, so no MathJax
 
+smartquotes = False                # "--use-megatron-fsdp" must stay two hyphens when copied
 highlight_language = "none"        # a fence without a language stays plain (notebook cells: python)
 exclude_patterns = ["**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]  # notebooks may skip a heading level; harmless on a page

@@ -2,7 +2,7 @@
 
 ``python docs/site/stage.py OUT`` writes OUT/index.md (the README, its badge made a plain link),
 OUT/notebooks/*.ipynb (copies with a launch bar under the title and every widget replaced by a
-static panel) and OUT/docs/{glossary,architecture}.md. The layout mirrors the repository, so the
+static panel) and OUT/docs/{glossary,architecture,contributing}.md. The layout mirrors the repository, so the
 README's and the notebooks' relative links resolve to the pages as they are; a link to any other
 file of the repository goes to that file on GitHub. A file is rewritten only when its text
 changes, so Sphinx rebuilds only what changed. Standard library only: the site's venv needs no
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("docs/glossary.md", "docs/architecture.md")
+DOCS = ("docs/glossary.md", "docs/architecture.md", "docs/contributing.md")
 BADGE = re.compile(r"\[!\[[^\]]*\]\((https?://[^)]*badge[^)]*)\)\]\((https?://[^)]*/v2/gh/[^)?]*)\?[^)]*\)")
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s#]+)(#[^)\s]*)?\)")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

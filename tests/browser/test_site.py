@@ -32,7 +32,7 @@ SITE = ROOT / "_build" / "site"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PAGES = ["index.html", *(f"notebooks/{n[:-6]}.html" for n in NOTEBOOKS),
-         "docs/glossary.html", "docs/architecture.html"]
+         "docs/glossary.html", "docs/architecture.html", "docs/contributing.html"]
 RAW_WIDGET = re.compile(r"\b(interactive|VBox|HBox)\(children=")
 
 if not (SITE / "index.html").exists():
@@ -177,7 +177,8 @@ def test_sidebar_follows_the_course_order(base, browser_page):
     hrefs = page.locator(".sidebar-tree a.reference").evaluate_all(
         "els => els.map(e => new URL(e.href).pathname.split('/').slice(-2).join('/'))")
     expected = [f"notebooks/{n[:-6]}.html" for n in NOTEBOOKS] + ["docs/glossary.html",
-                                                                 "docs/architecture.html"]
+                                                                 "docs/architecture.html",
+                                                                 "docs/contributing.html"]
     assert hrefs == expected
     chapters = page.locator("article table a").evaluate_all("els => els.map(e => e.href)")
     assert [urlsplit(h).path.split("/")[-1] for h in chapters[:len(NOTEBOOKS)]] == \
@@ -192,3 +193,18 @@ def test_search_finds_zero(base, browser_page):
     assert any("03_sharding_zero_fsdp.html" in h for h in found), found
     assert any("08_deepspeed_and_megatron.html" in h for h in found), found
     assert not outside, f"search asked the internet for {outside}"
+
+
+def test_copied_flags_keep_their_hyphens_and_wide_blocks_fit_the_column(base, browser_page):
+    """Typography must not turn `--flag` into an en dash; a wide table scrolls inside itself instead
+    of being cut off; at this width most code and output blocks fit the text column."""
+    page, _ = _open(browser_page, base, "notebooks/03_sharding_zero_fsdp.html")
+    text = page.locator("article").inner_text()
+    assert "--use-megatron-fsdp" in text and "\u2013use-megatron-fsdp" not in text
+    cut = page.locator("article table").evaluate_all(
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1"
+        " && getComputedStyle(e).overflowX === 'visible').length")
+    assert cut == 0, f"{cut} tables are cut off at the column's edge"
+    wide = page.locator("article pre").evaluate_all(
+        "els => els.map(e => e.scrollWidth > e.clientWidth + 1)")
+    assert sum(wide) <= len(wide) // 4, f"{sum(wide)} of {len(wide)} code/output blocks scroll sideways"
