@@ -79,6 +79,30 @@ class Timeline(TorchDispatchMode):
         finally:
             record[3] = time.perf_counter()
 
+    def watch(self, modules: Iterable[tuple[str, torch.nn.Module]]) -> list:
+        """Time each ``(name, module)``'s forward and backward as compute spans ("forward
+        name", "backward name") with module hooks; returns the hook handles (``.remove()``)."""
+        handles: list = []
+        open_: dict = {}
+
+        def begin(kind, name):
+            def hook(*_):
+                open_[(kind, name)] = time.perf_counter()
+            return hook
+
+        def end(kind, name):
+            def hook(*_):
+                t0 = open_.pop((kind, name), None)
+                if t0 is not None:
+                    self._records.append(["compute", f"{kind} {name}", t0, time.perf_counter()])
+            return hook
+        for name, module in modules:
+            handles += [module.register_forward_pre_hook(begin("forward", name)),
+                        module.register_forward_hook(end("forward", name)),
+                        module.register_full_backward_pre_hook(begin("backward", name)),
+                        module.register_full_backward_hook(end("backward", name))]
+        return handles
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         schema = getattr(func, "_schema", None)
         space, _, op = schema.name.partition("::") if schema is not None else ("", "", "")
@@ -88,8 +112,13 @@ class Timeline(TorchDispatchMode):
         if work is not None:
             record = ["comm", _collective_name(op), start, None]
             self._records.append(record)
-            work.get_future().add_done_callback(
-                lambda _fut, rec=record: rec.__setitem__(3, time.perf_counter()))
+            try:
+                future = work.get_future()
+            except RuntimeError:     # gloo's reduce-scatter: no future, it completes in wait()
+                work.wait()
+                record[1:] = [f"{record[1]} (waited at its call)", start, time.perf_counter()]
+                return out
+            future.add_done_callback(lambda _f, rec=record: rec.__setitem__(3, time.perf_counter()))
         return out
 
     def events(self) -> list[Span]:
