@@ -69,6 +69,9 @@ for _module, _names in {
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
+    # every chapter: what each rank did, when (issue 36)
+    "common.timeline": ["Timeline", "Span", "chrome_trace", "save_chrome_trace"],
+    "common.show": ["plot_timeline"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

@@ -36,6 +36,9 @@ CLOCK = (
     "tests/pipeline_parallel/test_pipeline.py::test_measured_bubble_budget_is_consistent",
     "tests/pipeline_parallel/test_torch_schedules.py::test_torch_schedule_equals_unsplit_model_and_measures_a_bubble",
     "tests/debugging/test_debugging.py::test_the_straggler_is_the_slowed_rank_in_compute_not_in_step_time",
+    "tests/common/test_timeline.py::test_real_ranks_spans_overlap_and_every_bucket_is_seen",
+    "tests/debugging/test_straggler_timeline.py::test_the_slowed_rank_is_named_and_the_others_wait_in_a_collective",
+    "tests/sharding/test_fsdp_timeline.py::test_ddp_step_shows_a_bucket_issued_before_the_first_layer_is_done",
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",

@@ -53,7 +53,7 @@ def stages_of_rank(schedule: str, rank: int, p: int) -> list[int]:
 
 
 def _timed(stage, log: list) -> None:
-    """Wrap the stage's compute actions so each call appends (name, start, end) to ``log``."""
+    """Wrap the stage's compute actions so each call appends (name@stage, start, end) to ``log``."""
     for name in _TIMED:
         original = getattr(stage, name)
 
@@ -62,7 +62,7 @@ def _timed(stage, log: list) -> None:
             try:
                 return _original(*args, **kwargs)
             finally:
-                log.append((_name, start, time.perf_counter()))
+                log.append((f"{_name}@{stage.stage_index}", start, time.perf_counter()))
         setattr(stage, name, timed)
 
 
@@ -96,7 +96,7 @@ def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
     cls = getattr(pipelining, kind)
     sched = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=GPT.loss)
     idx, targets = _data(config, batch, seed)
-    spans, losses = [], []
+    spans, losses, actions = [], [], []
     for step in range(steps + 1):              # step 0 warms up (first-touch costs), unrecorded
         for mod in modules:
             mod.zero_grad(set_to_none=True)
@@ -108,9 +108,11 @@ def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
         sched.step(*args, **kwargs)
         if step:
             spans.append([(a, b) for _, a, b in log])
+            actions = list(log)          # the last recorded step, named: the 09 timeline
     grads = {mod.global_name(n): q.grad.clone() for mod in modules for n, q in mod.named_parameters()}
     loss = torch.stack(losses).mean().item() if losses else None
-    return {"rank": rank, "stages": mine, "spans": spans, "grads": grads, "loss": loss}
+    return {"rank": rank, "stages": mine, "spans": spans, "grads": grads, "loss": loss,
+            "actions": actions}
 
 
 def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: int = 4,
@@ -121,6 +123,7 @@ def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: in
     Returns ``bubble`` (the median over ``steps`` recorded steps of the mean idle share of the
     ranks), ``bubbles`` (every step), ``formula`` (:func:`torch_bubble_formula`), ``loss`` and
     ``grads`` (every parameter's gradient under its unsplit name, averaged over micro-batches),
+    ``actions`` (per rank, the last step's ``(action@stage, start, end)``, perf_counter seconds),
     for a check against :func:`course_lib.pipeline_parallel.measure.dense_reference`.
     """
     return measure_torch_schedules((schedule,), p, m, config, micro_batch, steps, seed,
@@ -161,4 +164,4 @@ def _report(schedule: str, p: int, m: int, steps: int, results: list[dict]) -> d
     loss = next(r["loss"] for r in results if r["loss"] is not None)
     return {"schedule": schedule, "p": p, "m": m, "bubble": sorted(bubbles)[len(bubbles) // 2],
             "bubbles": bubbles, "formula": torch_bubble_formula(schedule, p, m),
-            "loss": loss, "grads": grads}
+            "loss": loss, "grads": grads, "actions": [r["actions"] for r in results]}
