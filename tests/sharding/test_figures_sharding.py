@@ -74,3 +74,14 @@ def test_fsdp_gathers_each_unit_twice_and_never_holds_more_than_two(holdings, wo
     assert rank0["events"][-1][2] == 0                     # nothing gathered after the step
     assert not too_small(fig)
     plt.close(fig)
+
+
+def test_bad_requests_fail_before_any_rank_starts():
+    with pytest.raises(ValueError, match="stages must be among"):
+        zero_holdings(2, CONFIG, stages=(4,))
+    with pytest.raises(TypeError, match="the class itself"):
+        zero_holdings(2, CONFIG, fsdp_class=object())
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_zero_holdings({})
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_fsdp_gather_free({"events": [], "units": []})
