@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-__all__ = ["FIGSIZE", "DPI", "COLORS", "side_by_side", "show_source"]
+__all__ = ["FIGSIZE", "DPI", "COLORS", "RANK_COLORS", "SUM_COLOR", "FONT_MIN", "side_by_side",
+           "show_source"]
 
 FIGSIZE = (7.0, 3.5)
 DPI = 80
@@ -16,6 +17,13 @@ COLORS: Mapping[str, str] = {
     "params": "#4c72b0", "buffers": "#8172b3", "grads": "#dd8452", "optimizer": "#55a868",
     "activations": "#c44e52", "temporaries": "#937860", "inputs": "#8c8c8c",
 }
+#: One colour per rank (rank r: ``RANK_COLORS[r % len(RANK_COLORS)]``), the conceptual figures'.
+RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+               "#8c8c8c")
+#: A value summed over all ranks (chapter 2's collectives draw sums in it too).
+SUM_COLOR = "#bbbbbb"
+#: Smallest font size (pt) in a figure: at DPI 80, 9 pt is 10 px where the PNG is shown 1:1.
+FONT_MIN = 9
 
 
 def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")):

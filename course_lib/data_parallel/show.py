@@ -13,10 +13,10 @@ from matplotlib.figure import Figure
 from course_lib.common.models import get_config
 from course_lib.data_parallel.collectives import CollectiveDemo
 from course_lib.data_parallel.ddp_internals import WIDGET_PRESETS, dp_explorer, fits_per_world
-from course_lib.display import COLORS, DPI
+from course_lib.display import COLORS, DPI, FONT_MIN, RANK_COLORS
 from course_lib.memory.report import format_bytes
 
-__all__ = ["plot_collectives", "plot_buckets", "plot_dp_run", "plot_memory_vs_world",
+__all__ = ["plot_collectives", "plot_buckets", "plot_gradient_buckets", "plot_dp_run", "plot_memory_vs_world",
            "format_fits", "show_dp_explorer", "dp_widget"]
 
 _RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
@@ -37,7 +37,7 @@ def _arrows(demo: CollectiveDemo) -> list[tuple[int, int]]:
 def _row(ax, x0: float, y: float, values: Sequence[float], colors: Sequence[str]) -> None:
     for i, (v, c) in enumerate(zip(values, colors)):
         ax.add_patch(plt.Rectangle((x0 + i * 0.5, y - 0.35), 0.5, 0.7, color=c, ec="white"))
-        ax.text(x0 + i * 0.5 + 0.25, y, f"{v:g}", ha="center", va="center", fontsize=7,
+        ax.text(x0 + i * 0.5 + 0.25, y, f"{v:g}", ha="center", va="center", fontsize=FONT_MIN,
                 color="white" if c != _SUM else "black")
 
 
@@ -66,7 +66,7 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
             summed = demo.name in ("all_reduce", "reduce_scatter")
             _row(ax, x_after, y, demo.after[rank],
                  [_SUM if summed else _origin(v) for v in demo.after[rank]])
-            ax.text(-0.15, y, f"r{rank}", ha="right", va="center", fontsize=8)
+            ax.text(-0.15, y, f"r{rank}", ha="right", va="center", fontsize=FONT_MIN)
         for src, dst in _arrows(demo):
             ax.annotate("", xy=(x_after - 0.05, demo.world - 1 - dst),
                         xytext=(width_before + 0.05, demo.world - 1 - src),
@@ -85,19 +85,66 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
 
 def plot_buckets(report, title: str = "DDP buckets during backward (rank 0)") -> Figure:
     """Each bucket's all-reduce as a bar from "ready" to "done", against backward's duration."""
-    fig, ax = plt.subplots(figsize=(7.0, 2.6), dpi=DPI)
+    n = len(report.buckets)
+    fig, ax = plt.subplots(figsize=(7.0, 1.3 + 0.45 * n), dpi=DPI)
     for i, b in enumerate(report.buckets):
         ax.barh(i, b["done_ms"] - b["ready_ms"], left=b["ready_ms"], color=COLORS["grads"])
-        ax.text(b["done_ms"], i, f" {b['nbytes'] / 2**20:.2f} MiB, {b['n_tensors']} tensors",
-                va="center", fontsize=7)
-    ax.axvline(report.backward_ms, color="black", ls="--", lw=1)
-    ax.text(report.backward_ms, len(report.buckets) - 0.5, " backward returns", fontsize=7,
-            va="top")
-    ax.set_yticks(range(len(report.buckets)), [f"bucket {i}" for i in
-                                               range(len(report.buckets))], fontsize=8)
+    ax.axvline(report.backward_ms, color="black", ls="--", lw=1, label="backward returns")
+    labels = [f"bucket {i}: {b['nbytes'] / 2**20:.2f} MiB, {b['n_tensors']} tensors"
+              for i, b in enumerate(report.buckets)]
+    ax.set_yticks(range(n), labels, fontsize=FONT_MIN)  # beside the axis: no bar hides them
+    ax.tick_params(axis="x", labelsize=FONT_MIN)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since backward started")
-    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("ms since backward started (bar: ready → all-reduced)", fontsize=FONT_MIN + 1)
+    ax.set_title(title, fontsize=FONT_MIN + 2)
+    fig.legend(fontsize=FONT_MIN, loc="lower right", frameon=False)
+    fig.tight_layout(rect=(0, 0.25 / fig.get_figheight(), 1, 1))
+    return fig
+
+
+def plot_gradient_buckets(comparison, title: str | None = None) -> Figure:
+    """The buckets of a DDP-by-hand run, on every rank: which gradients travel together, when.
+
+    ``comparison`` is what :func:`~course_lib.data_parallel.measure_buckets.compare_by_hand`
+    returned (its ``world``, ``buckets`` as (tensors, bytes), ``launches`` as (bucket, gradients
+    produced by then) and ``n_grads``). One row per rank; each row is that rank's gradients in
+    the order backward produces them, cut into its buckets; each vertical line is one
+    all-reduce of one bucket across all ranks, labelled with when it was launched.
+    """
+    world, buckets = comparison.world, list(comparison.buckets)
+    if not buckets:
+        raise ValueError("nothing to draw: this comparison recorded no buckets")
+    launched = {bucket: produced for bucket, produced in comparison.launches}
+    total = sum(nbytes for _, nbytes in buckets) / 2**10
+    fig, ax = plt.subplots(figsize=(7.0, 1.9 + 0.5 * world), dpi=DPI)
+    left = 0.0
+    for i, (n_tensors, nbytes) in enumerate(buckets):
+        width = nbytes / 2**10
+        for rank in range(world):
+            y = world - 1 - rank
+            ax.add_patch(plt.Rectangle((left, y - 0.3), width, 0.6, fc=COLORS["grads"],
+                                       alpha=1.0 if i % 2 == 0 else 0.6, ec="white", lw=1.5,
+                                       gid=f"bucket-{rank}-{i}"))
+        x = left + width / 2
+        ax.plot([x, x], [-0.3, world - 0.7], color="black", lw=1.2, marker="o", ms=4)
+        ax.text(x, world - 0.55, f"bucket {i}\n{n_tensors} tensors", ha="center", va="bottom",
+                fontsize=FONT_MIN)
+        when = launched.get(i)
+        ax.text(x, -0.45, "all-reduce ÷ N" + ("" if when is None else
+                                               f"\nafter {when}/{comparison.n_grads} grads"),
+                ha="center", va="top", fontsize=FONT_MIN)
+        left += width
+    ax.set_yticks(range(world), [f"rank {world - 1 - y}" for y in range(world)],
+                  fontsize=FONT_MIN)
+    ax.set_xlim(-0.01 * total, total * 1.01)
+    ax.set_ylim(-1.5, world + 0.3)
+    ax.tick_params(axis="x", labelsize=FONT_MIN)
+    ax.set_xlabel("KiB of gradients, in the order backward produces them (last layer first)",
+                  fontsize=FONT_MIN + 1)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"{world} ranks, buckets of ≥ {comparison.cap_bytes / 2**10:.0f} KiB: "
+                 "each bucket is averaged over all ranks at once", fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
 
@@ -106,7 +153,7 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
                 budget_bytes: float | None = None) -> Figure:
     """Three panels for one measured DDP run: memory per rank, step time, bytes sent per rank."""
     ranks = [r.rank for r in reports]
-    fig, axes = plt.subplots(1, 3, figsize=(9.0, 3.1), dpi=DPI)
+    fig, axes = plt.subplots(1, 3, figsize=(9.0, 3.4), dpi=DPI)
     mib = 2**20
     axes[0].bar(ranks, [r.model_states / mib for r in reports], color=COLORS["optimizer"],
                 label="model states")
@@ -115,21 +162,23 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
                 label="rest of peak")
     if budget_bytes:
         axes[0].axhline(budget_bytes / mib, color="red", ls="--", lw=1, label="device budget")
-    axes[0].set_title("peak memory per rank (MiB)", fontsize=9)
-    below = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    axes[0].set_title("peak memory per rank (MiB)", fontsize=FONT_MIN + 1)
+    below = dict(fontsize=FONT_MIN, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                 frameon=False)
     axes[0].legend(**below)  # under the panel: a legend inside would hide bars
     axes[1].bar(ranks, [r.step_ms for r in reports], color=COLORS["params"])
-    axes[1].set_title("step time per rank (ms)", fontsize=9)
+    axes[1].set_title("step time per rank (ms)", fontsize=FONT_MIN + 1)
     sent = [(r.sent_bytes or 0) / mib for r in reports]
     axes[2].bar(ranks, sent, color=COLORS["grads"], label="measured (socket writes)")
     if expected_sent is not None:
         axes[2].axhline(expected_sent / mib, color="black", ls="--", lw=1,
                         label="2(N-1)/N · 4Ψ")
-    axes[2].set_title("bytes sent per rank per step (MiB)", fontsize=9)
+    axes[2].set_title("sent per rank per step (MiB)", fontsize=FONT_MIN + 1)
     axes[2].legend(**below)
     for ax in axes:
-        ax.set_xlabel("rank", fontsize=8)
+        ax.set_xlabel("rank", fontsize=FONT_MIN)
         ax.set_xticks(ranks)
+        ax.tick_params(labelsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
@@ -148,7 +197,7 @@ def plot_memory_vs_world(per_world: dict[int, dict[str, int]],
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("MiB per rank")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 

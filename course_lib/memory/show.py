@@ -15,13 +15,13 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from course_lib.common.models import PRESETS, RECOMPUTE, get_config
-from course_lib.display import COLORS, DPI, FIGSIZE
+from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN
 from course_lib.memory import predict
 from course_lib.memory.report import MemoryReport, format_bytes
 from course_lib.memory.tracker import measure_inference, measure_step
 
 __all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_scaling",
-           "plot_recompute", "memory_explorer", "inference_explorer", "training_vs_inference",
+           "plot_recompute", "plot_bytes_per_param", "memory_explorer", "inference_explorer", "training_vs_inference",
            "show_memory_explorer", "memory_widget"]
 
 _STACK = tuple(COLORS)
@@ -111,6 +111,45 @@ def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Se
     axes[0][0].set_ylabel(unit)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
+                         keys: Sequence[str] = ("params", "grads", "optimizer")) -> Figure:
+    """One row of squares per measured report: one square per byte per parameter, per category.
+
+    ``reports`` maps a label (e.g. "fp32 · adam") to a :class:`MemoryReport`; each category gets
+    ``round(report.per_param(key))`` squares, read from the tracker's bytes (the exact value,
+    step counters included, is printed at the end of the row).
+    """
+    if not reports:
+        raise ValueError("nothing to draw: pass {label: MemoryReport}, e.g. the runs of section 4")
+    rows = list(reports.items())
+    fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.42 * len(rows)), dpi=DPI)
+    widest = 0
+    for y, (label, report) in enumerate(rows):
+        x = 0
+        for key in keys:
+            n = round(report.per_param(key))
+            for i in range(n):
+                ax.add_patch(plt.Rectangle((x + i, -y - 0.4), 0.9, 0.8, fc=COLORS[key],
+                                           ec="white", lw=1.5, gid=f"byte-{y}-{key}"))
+            x += n + (0.4 if n else 0)
+        total = sum(report.per_param(k) for k in keys)
+        parts = " + ".join(str(round(report.per_param(k))) for k in keys)
+        ax.text(x + 0.3, -y, f"{parts} = {total:.2f} B/param", va="center", fontsize=FONT_MIN)
+        widest = max(widest, x)
+    ax.set_yticks([-y for y in range(len(rows))], [label for label, _ in rows], fontsize=FONT_MIN)
+    ax.set_xlim(-0.2, widest + 9.5)
+    ax.set_ylim(-len(rows) + 0.4, 0.6)
+    ax.set_xlabel("bytes per parameter (one square = 1 byte, measured)", fontsize=FONT_MIN + 1)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in keys]
+    ax.legend(handles, keys, fontsize=FONT_MIN, ncol=len(keys), loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -12,10 +12,11 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from course_lib.common.models import GPTConfig, get_config
-from course_lib.display import DPI, FIGSIZE
-from course_lib.tensor_parallel.measure import measure_tp_model
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, RANK_COLORS
+from course_lib.tensor_parallel.layers import qkv_rows, tp_plan
+from course_lib.tensor_parallel.measure import TP_CONFIG, measure_tp_model
 
-__all__ = ["tp_explorer", "format_tp", "tp_widget", "plot_tp_bytes"]
+__all__ = ["tp_explorer", "format_tp", "tp_widget", "plot_tp_bytes", "plot_tp_split"]
 
 _F, _B = "#4c72b0", "#dd8452"  # the pipeline figures' forward and backward colours
 
@@ -80,5 +81,80 @@ def plot_tp_bytes(degrees: Sequence[int], split: Sequence[int], replicated: Sequ
     right.set_xlabel("tensor-parallel degree t")
     right.set_ylabel("MiB all-reduced per step")
     fig.suptitle("Tensor parallelism: memory shrinks as 1/t, traffic does not", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _runs(index) -> list[tuple[int, int]]:
+    """Consecutive runs ``[(start, stop)]`` of a sorted list of indices."""
+    out: list[list[int]] = []
+    for i in sorted(int(x) for x in index):
+        if out and i == out[-1][1]:
+            out[-1][1] += 1
+        else:
+            out.append([i, i + 1])
+    return [(a, b) for a, b in out]
+
+
+def _kept(name: str, style: str, config: GPTConfig, rank: int, t: int) -> list[tuple[int, int]]:
+    """The rows (column-parallel) or columns (row-parallel) of ``name`` that rank keeps."""
+    if name == "attn.qkv":
+        return _runs(qkv_rows(config, rank, t).tolist())
+    per = (4 * config.d_model if name.startswith("mlp") else config.d_model) // t
+    return [(rank * per, (rank + 1) * per)]
+
+
+def plot_tp_split(reports: Sequence, config: GPTConfig = TP_CONFIG) -> Figure:
+    """The four split weights of one block as matrices (``out × in``, as ``nn.Linear`` stores
+    them), each rank's part coloured: column-parallel layers keep rows, row-parallel ones
+    columns; f sits before each column-parallel layer, g after each row-parallel one.
+
+    ``reports`` are one TP run's per-rank reports (:func:`~course_lib.tensor_parallel.measure.measure_tp`):
+    every rank's shard shape is read from its gradient shards and must match the split drawn.
+    """
+    if not reports:
+        raise ValueError("nothing to draw: pass measure_tp(t)'s reports, one per rank")
+    t, gap = len(reports), 1.4 * config.d_model
+    fig, ax = plt.subplots(figsize=(7.6, 3.9), dpi=DPI)
+    x = gap * 0.5
+    for name, style in tp_plan().items():
+        shards = [tuple(r.grads[f"{name}.weight"][0].shape) for r in reports]
+        axis = 0 if style == "column" else 1
+        full = list(shards[0])
+        full[axis] = sum(s[axis] for s in shards)
+        rows, cols = full
+        for rank, shard in enumerate(shards):
+            kept = _kept(name, style, config, rank, t)
+            if sum(b - a for a, b in kept) != shard[axis]:
+                raise ValueError(f"rank {rank}'s {name} shard is {shard}: not the Megatron split "
+                                 f"of a {rows} × {cols} weight over {t} ranks")
+            for a, b in kept:
+                xy, w, h = ((x, -b), cols, b - a) if axis == 0 else ((x + a, -rows), b - a, rows)
+                ax.add_patch(plt.Rectangle(xy, w, h, fc=RANK_COLORS[rank % len(RANK_COLORS)],
+                                           ec="white", lw=0.8, gid=f"slice-{name}-{rank}"))
+        ax.add_patch(plt.Rectangle((x, -rows), cols, rows, fc="none", ec="black", lw=1.0))
+        ax.text(x + cols / 2, 8, f"{name}\n{style}-parallel\n{rows} × {cols}", ha="center",
+                va="bottom", fontsize=FONT_MIN)
+        each = f"{shards[0][0]} × {shards[0][1]}"
+        ax.text(x + cols / 2, -rows - 8, f"each rank\n{each}", ha="center", va="top",
+                fontsize=FONT_MIN)
+        marker = ("f", x - gap * 0.27) if style == "column" else ("g", x + cols + gap * 0.27)
+        ax.add_patch(plt.Circle((marker[1], -config.d_model / 2), gap * 0.16, fc="white", ec="black",
+                                lw=1.2, gid=f"{marker[0]}-{name}"))
+        ax.text(marker[1], -config.d_model / 2, marker[0], ha="center", va="center",
+                fontsize=FONT_MIN + 3, fontweight="bold")
+        x += cols + gap
+    handles = [plt.Rectangle((0, 0), 1, 1, color=RANK_COLORS[r % len(RANK_COLORS)])
+               for r in range(t)]
+    ax.legend(handles, [f"rank {r}" for r in range(t)], fontsize=FONT_MIN, ncol=t,
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False)
+    ax.set_xlim(0, x - gap * 0.4)
+    top = max(3 * config.d_model, 4 * config.d_model)
+    ax.set_ylim(-top - 0.9 * config.d_model, 1.0 * config.d_model)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.suptitle(f"one block's split weights over t = {t} ranks\nf: identity forward, "
+                 "all-reduce backward · g: all-reduce forward, identity backward",
+                 fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
