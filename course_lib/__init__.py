@@ -69,6 +69,8 @@ for _module, _names in {
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
+    # 12 capstone: train a GPT end to end
+    "capstone.measure": ["train_gpt", "predict_run"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module
