@@ -36,6 +36,7 @@ CLOCK = (
     "tests/pipeline_parallel/test_pipeline.py::test_measured_bubble_budget_is_consistent",
     "tests/pipeline_parallel/test_torch_schedules.py::test_torch_schedule_equals_unsplit_model_and_measures_a_bubble",
     "tests/debugging/test_debugging.py::test_the_straggler_is_the_slowed_rank_in_compute_not_in_step_time",
+    "tests/capstone/test_train_gpt.py::test_throughput_and_mfu_are_measured",
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
@@ -43,6 +44,7 @@ CLOCK = (
     "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
     "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
+    "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
     # the autograder's time limits and the kernel it interrupts or kills
     "tests/classroom/test_session.py",
     "tests/classroom/test_grader.py",
