@@ -10,6 +10,7 @@ thread, times the cores the ranks ran on).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -57,6 +58,7 @@ def check_run(layout: object, preset: str | GPTConfig, steps: object, batch_size
     return dict(layout), config
 
 
+@functools.lru_cache(maxsize=16)
 def step_flops(config: GPTConfig, batch_size: int) -> int:
     """FLOPs of one training step (forward, loss, backward) of the dense GPT on the global
     batch, counted by ``torch.utils.flop_counter`` (matmuls and attention; Adam is not counted)."""

@@ -24,6 +24,7 @@ from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
+from course_lib.composition.measure import _quiet
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
@@ -109,6 +110,7 @@ def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_s
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     mine = {(f.step, f.kind): f for f in faults if f.attempt == attempt and f.rank == rank}
     torch.set_num_threads(threads)  # the same float work under run and under torchrun
+    _quiet()  # DTensor's note on gathering 2-D shards, once per rank
     b = build(config, layout, seed)
     model = b["model"]
     optimizer = make_optimizer(model.parameters(), "adam", lr=lr)

@@ -13,7 +13,8 @@ Options come from a TOML file (``--config``, sections as torchtitan's: ``[model]
 layout's sizes must multiply to the world size; ``--layout ""`` is one process. Make a rank fail
 on purpose with ``COURSE_FT_FAULTS=attempt:rank:step:kind`` (chapter 06's faults). On a cluster,
 ``course_lib.capstone.cluster`` writes the Slurm and Kubernetes files that run this script
-unchanged. ``--standalone`` is for your own machine only: torchrun's stores have no
+unchanged, on the nodes' CPUs (gloo: the loop builds its meshes and tensors on CPU; moving it to
+GPUs, with NCCL, is not done here). ``--standalone`` is for your own machine only: torchrun's stores have no
 authentication and listen on every interface; on a shared machine use ``course_lib.torchrun``
 (a private network namespace), on a cluster its private network.
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     if math.prod(layout.values()) != world:
         raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
                          f"torchrun started {world}")
-    rank, _ = init_distributed()
+    rank, _ = init_distributed("gloo")  # the course's loop builds its meshes on CPU
     result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),
                         lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
                         ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
