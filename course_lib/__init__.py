@@ -72,6 +72,8 @@ for _module, _names in {
     # every chapter: what each rank did, when (issue 36)
     "common.timeline": ["Timeline", "Span", "chrome_trace", "save_chrome_trace"],
     "common.show": ["plot_timeline"],
+    # 12 capstone: train a GPT end to end
+    "capstone.measure": ["train_gpt", "predict_run"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

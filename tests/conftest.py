@@ -39,6 +39,7 @@ CLOCK = (
     "tests/common/test_timeline.py::test_real_ranks_spans_overlap_and_every_bucket_is_seen",
     "tests/debugging/test_straggler_timeline.py::test_the_slowed_rank_is_named_and_the_others_wait_in_a_collective",
     "tests/sharding/test_fsdp_timeline.py::test_ddp_step_shows_a_bucket_issued_before_the_first_layer_is_done",
+    "tests/capstone/test_train_gpt.py::test_throughput_and_mfu_are_measured",
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
@@ -46,6 +47,8 @@ CLOCK = (
     "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
     "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
+    "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
+    "tests/capstone/test_cluster.py::test_the_generated_command_runs_as_two_loopback_nodes",
     # the autograder's time limits and the kernel it interrupts or kills
     "tests/classroom/test_session.py",
     "tests/classroom/test_grader.py",

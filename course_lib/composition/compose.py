@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
@@ -22,22 +23,28 @@ from course_lib.tensor_parallel.layers import dtensor_block, qkv_rows
 __all__ = ["MESH_ORDER", "build_2d", "train_2d", "local_bytes", "state_bytes", "dense_params"]
 
 #: the order of named dimensions in a mesh, outermost first (torchtitan's order)
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+MESH_ORDER = ("pp", "dp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 
 
 def build_2d(config: GPTConfig, layout: dict[str, int], seed: int = 0):
-    """Inside a rank: the mesh, the wrapped GPT, this rank's data-parallel (index, size)."""
+    """Inside a rank: the mesh, the wrapped GPT, this rank's data-parallel (index, size).
+
+    ``"dp"`` wraps the model in torch DDP; ``"dp_shard"`` (with ``"dp_replicate"``: HSDP) in
+    FSDP2; ``"tp"`` alone leaves the tensor-parallel blocks unwrapped."""
     names = tuple(n for n in MESH_ORDER if n in layout)
     mesh = init_device_mesh("cpu", tuple(layout[n] for n in names), mesh_dim_names=names)
     torch.manual_seed(seed)
     model = GPT(config)
     if "tp" in layout:
         model.blocks = torch.nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
-    dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in layout)
-    dp_mesh = mesh[dp_names] if len(dp_names) > 1 else mesh[dp_names[0]]
-    for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+    dp_names = tuple(n for n in ("dp", "dp_replicate", "dp_shard") if n in layout)
+    if "dp" in layout:  # plain data parallelism: torch DDP, the model whole on every rank
+        model = DistributedDataParallel(model, process_group=mesh.get_group("dp"))
+    elif dp_names:
+        dp_mesh = mesh[dp_names] if len(dp_names) > 1 else mesh[dp_names[0]]
+        for block in model.blocks:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
     dp_index, dp_size = 0, 1
     for n in dp_names:  # row-major coordinate among the data-parallel ranks
         dp_index, dp_size = dp_index * layout[n] + mesh.get_local_rank(n), dp_size * layout[n]
@@ -98,6 +105,7 @@ def train_2d(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
         optimizer.step()
         losses.append(loss.item())
     measured = state_bytes(model, optimizer)
+    model = getattr(model, "module", model)  # DDP's parameters are named "module.<name>"
     return {"rank": dist.get_rank(), "losses": losses, "bytes": measured,
             "params": dense_params(model, config, layout.get("tp", 1)),
             "grads": dense_params(model, config, layout.get("tp", 1), grads=True)}

@@ -17,15 +17,17 @@ from course_lib.common.models import GPTConfig
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 from course_lib.tensor_parallel.layers import tp_plan
 
-__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "check_layout", "tp_shapes", "tp_named_shapes",
+__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "KNOWN", "RUN_KNOWN", "check_layout", "tp_shapes", "tp_named_shapes",
            "predict_gpt_bytes", "predict_pp_bytes",
            "moe_shapes", "predict_moe_bytes"]
 
 #: the layouts run_parallel can run (sorted dimension names), and the most ranks it starts
 RUNNABLE = {("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard",), ("ep",), ("cp",),
-            ("dp_shard", "pp"), ("dp_shard", "pp", "tp")}
+            ("dp_shard", "pp"), ("dp_shard", "pp", "tp"), ("dp",), ("tp",), ("pp",)}
 MAX_RANKS = 8
 KNOWN = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+#: what a run also accepts: ``"dp"``, plain data parallelism (torch DDP, every rank a full copy)
+RUN_KNOWN = ("dp",) + KNOWN
 #: the mixture-of-experts layer of the "ep" runs
 MOE = {"d_model": 32, "n_experts": 4, "hidden": 64, "top_k": 2}
 
@@ -35,8 +37,8 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     if not isinstance(layout, dict) or not layout:
         raise ValueError(f"layout must be a non-empty dict of mesh dimension -> size, got {layout!r}")
     for name, size in layout.items():
-        if name not in KNOWN:
-            raise ValueError(f"unknown mesh dimension {name!r}; known dimensions: {KNOWN}")
+        if name not in RUN_KNOWN:
+            raise ValueError(f"unknown mesh dimension {name!r}; known dimensions: {RUN_KNOWN}")
         if not is_int(size) or size < 1:
             raise ValueError(f"layout[{name!r}] must be a positive integer, got {size!r}")
     world = math.prod(layout.values())
@@ -116,9 +118,11 @@ def tp_named_shapes(config: GPTConfig, tp: int, vocab_parallel: bool = False) ->
 
 
 def predict_gpt_bytes(config: GPTConfig, layout: dict[str, int]) -> dict[str, int]:
-    """One rank's params, grads, optimizer and model_states for a 2-D GPT layout (fp32 Adam)."""
+    """One rank's params, grads, optimizer and model_states for a 2-D GPT layout (fp32 Adam);
+    ``"dp"`` (DDP) keeps everything whole."""
     shapes = tp_shapes(config, layout["tp"]) if "tp" in layout else param_shapes(config)
-    row = per_rank_bytes(shapes, "fsdp", layout.get("dp_shard", 1))[0]
+    row = per_rank_bytes(shapes, "fsdp", layout.get("dp_shard", 1))[0] if "dp" not in layout \
+        else per_rank_bytes(shapes, "ddp", 1)[0]
     return {k: row[k] for k in ("params", "grads", "optimizer", "model_states")}
 
 

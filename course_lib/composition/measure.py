@@ -163,7 +163,7 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
         if batch[1] > config.seq_len:
             raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
         results = run(_rank_2d, world, config, layout, steps, batch)
-        dp = layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
+        dp = layout.get("dp", 1) * layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
         single, losses = single_gpt(config, steps, batch, dp)
         predicted = None if "pp" in layout else predict_gpt_bytes(config, layout)
     mean = [sum(r["losses"][i] for r in results) / world for i in range(steps)]

@@ -23,7 +23,7 @@ from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import MESH_ORDER, dense_params, state_bytes
 from course_lib.tensor_parallel.layers import dtensor_block
 
-__all__ = ["train_pp"]
+__all__ = ["train_pp", "build_pp", "pp_step", "pp_dense_names"]
 
 
 class _Stage(nn.Module):
@@ -42,14 +42,15 @@ class _Stage(nn.Module):
         return m.lm_head(m.ln_f(x)) if self.stage == 1 else x
 
 
-def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple[int, int],
-             lr: float = 1e-3, seed: int = 0) -> dict:
-    """Inside a rank: train the GPT split in 2 stages, each sharded over ``dp_shard`` (and split
-    over ``tp``)."""
+def build_pp(config: GPTConfig, layout: dict[str, int], seed: int = 0) -> dict:
+    """Inside a rank: this rank's stage of the GPT (split over ``tp``, sharded over ``dp_shard``
+    when the layout has them). Returns ``model``, ``stage``, ``peer`` (the other stage's rank),
+    ``dp_index``, ``dp_size`` and ``first`` (the global index of the stage's first block)."""
     pp, dp, tp = layout["pp"], layout.get("dp_shard", 1), layout.get("tp", 1)
     names = tuple(n for n in MESH_ORDER if n in layout)
     mesh = init_device_mesh("cpu", tuple(layout[n] for n in names), mesh_dim_names=names)
-    stage, dp_index = mesh.get_local_rank("pp"), mesh.get_local_rank("dp_shard")
+    stage = mesh.get_local_rank("pp")
+    dp_index = mesh.get_local_rank("dp_shard") if "dp_shard" in layout else 0
     peer = dist.get_process_group_ranks(mesh.get_group("pp"))[1 - stage]
     torch.manual_seed(seed)
     model = GPT(config)
@@ -61,43 +62,68 @@ def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
         model.tok_emb, model.pos_emb = nn.Identity(), nn.Identity()
     if tp > 1:
         model.blocks = nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh["dp_shard"])
-    model = fully_shard(_Stage(model, stage), mesh=mesh["dp_shard"])
-    optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
-    losses = []
-    for step in range(steps):
-        inputs, targets = get_batch(*batch, seed=seed, step=step, rank=dp_index, world_size=dp)
-        optimizer.zero_grad(set_to_none=True)
-        shape = (batch[0], batch[1], config.d_model)
-        if stage == 0:
-            h = model(inputs % config.vocab_size)
-            dist.send(h.detach().contiguous(), peer)
+    model = _Stage(model, stage)
+    if "dp_shard" in layout:
+        for block in model.gpt.blocks:
+            fully_shard(block, mesh=mesh["dp_shard"])
+        model = fully_shard(model, mesh=mesh["dp_shard"])
+    return {"model": model, "stage": stage, "peer": peer, "dp_index": dp_index, "dp_size": dp,
+            "first": stage * k}
+
+
+def pp_step(built: dict, config: GPTConfig, inputs: torch.Tensor, targets: torch.Tensor,
+            backward: bool = True) -> torch.Tensor:
+    """Forward (and backward) of one batch through both stages; every rank returns the loss."""
+    model, stage, peer = built["model"], built["stage"], built["peer"]
+    shape = (inputs.size(0), inputs.size(1), config.d_model)
+    if stage == 0:
+        h = model(inputs)
+        dist.send(h.detach().contiguous(), peer)
+        if backward:
             grad = torch.empty(shape)
             dist.recv(grad, peer)
             h.backward(grad)
-            loss = torch.empty(())
-            dist.recv(loss, peer)
-        else:
-            h = torch.empty(shape)
-            dist.recv(h, peer)
-            h.requires_grad_(True)
-            loss = GPT.loss(model(h), targets % config.vocab_size)
-            loss.backward()
-            dist.send(h.grad.contiguous(), peer)
-            dist.send(loss.detach(), peer)
+        loss = torch.empty(())
+        dist.recv(loss, peer)
+        return loss
+    h = torch.empty(shape)
+    dist.recv(h, peer)
+    h.requires_grad_(backward)
+    loss = GPT.loss(model(h), targets)
+    if backward:
+        loss.backward()
+        dist.send(h.grad.contiguous(), peer)
+    dist.send(loss.detach(), peer)
+    return loss
+
+
+def pp_dense_names(tensors: dict, built: dict) -> dict:
+    """``gpt.blocks.0.x`` on a later stage -> ``blocks.<first>.x``: the dense model's names."""
+    out = {}
+    for name, t in tensors.items():
+        name = name.removeprefix("gpt.")
+        if name.startswith("blocks."):
+            name = f"blocks.{int(name.split('.')[1]) + built['first']}." + name.split(".", 2)[2]
+        out[name] = t
+    return out
+
+
+def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple[int, int],
+             lr: float = 1e-3, seed: int = 0) -> dict:
+    """Inside a rank: train the GPT split in 2 stages, each sharded over ``dp_shard`` (and split
+    over ``tp``)."""
+    built = build_pp(config, layout, seed)
+    model, tp = built["model"], layout.get("tp", 1)
+    optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
+    losses = []
+    for step in range(steps):
+        inputs, targets = get_batch(*batch, seed=seed, step=step, rank=built["dp_index"],
+                                    world_size=built["dp_size"])
+        optimizer.zero_grad(set_to_none=True)
+        loss = pp_step(built, config, inputs % config.vocab_size, targets % config.vocab_size)
         optimizer.step()
         losses.append(loss.item())
     measured = state_bytes(model, optimizer)
-
-    def dense_names(tensors: dict) -> dict:  # "gpt.blocks.0.x" on stage 1 -> "blocks.<k>.x"
-        out = {}
-        for name, t in tensors.items():
-            name = name.removeprefix("gpt.")
-            if name.startswith("blocks.") and stage == 1:
-                name = f"blocks.{int(name.split('.')[1]) + k}." + name.split(".", 2)[2]
-            out[name] = t
-        return out
-    return {"rank": dist.get_rank(), "losses": losses, "bytes": measured, "stage": stage,
-            "params": dense_names(dense_params(model, config, tp)),
-            "grads": dense_names(dense_params(model, config, tp, grads=True))}
+    return {"rank": dist.get_rank(), "losses": losses, "bytes": measured, "stage": built["stage"],
+            "params": pp_dense_names(dense_params(model, config, tp), built),
+            "grads": pp_dense_names(dense_params(model, config, tp, grads=True), built)}

@@ -36,7 +36,7 @@ from course_lib.launcher import progress
 from course_lib.launcher.launch import run
 
 __all__ = ["Fault", "parse_faults", "format_faults", "build", "train", "FAULT_KINDS", "FAULTS_ENV",
-           "checkpoint_cost", "checkpoint_cost_sweep", "format_cost"]
+           "checkpoint_cost", "checkpoint_cost_sweep", "format_cost", "fire"]
 
 FAULT_KINDS = ("kill", "raise", "save")
 FAULTS_ENV = "COURSE_FT_FAULTS"
@@ -75,7 +75,8 @@ def format_faults(faults: Sequence[Fault]) -> str:
     return ",".join(f"{f.attempt}:{f.rank}:{f.step}:{f.kind}" for f in faults)
 
 
-def _die(fault: Fault) -> None:
+def fire(fault: Fault) -> None:
+    """Make this rank fail as ``fault`` says: raise, or SIGKILL itself (``kill``, ``save``)."""
     if fault.kind == "raise":
         raise RuntimeError(f"injected fault: rank {fault.rank} raised at step {fault.step}")
     os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no traceback: like a lost node
@@ -141,7 +142,7 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
     for step in range(start, steps):
         for kind in ("kill", "raise"):
             if (step, kind) in mine:
-                _die(mine[step, kind])
+                fire(mine[step, kind])
         x, y = get_batch(batch_size, cfg.seq_len, seed=seed, step=step, rank=rank,
                          world_size=world)
         loss = GPT.loss(model(x), y)
@@ -158,7 +159,7 @@ def train(config: GPTConfig | str = "tiny", steps: int = 8, *, ckpt_dir: str | P
         if ckpt_dir and every and done % every == 0:
             hook = mine.get((done, "save"))
             save_checkpoint(ckpt_dir, done, model, optimizer, meta={"losses": losses, "seed": seed},
-                            keep=keep, before_commit=(lambda f=hook: _die(f)) if hook else None)
+                            keep=keep, before_commit=(lambda f=hook: fire(f)) if hook else None)
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                   cpu_offload=True))
     return {"losses": losses, "params": params, "resumed_from": resumed, "attempt": attempt,

@@ -68,10 +68,11 @@ def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
 
 
 @pytest.mark.parametrize("layout, message", [
-    ({"dp": 2}, "unknown mesh dimension 'dp'"),
+    ({"dq": 2}, "unknown mesh dimension 'dq'"),
+    ({"dp": 2, "tp": 2}, "not implemented"),
     ({"dp_shard": 4, "tp": 4}, "needs 16 ranks"),
     ({"pp": 2, "tp": 2}, "not implemented"),
-    ({"tp": 3}, "not implemented"),
+    ({"tp": 2, "cp": 2}, "not implemented"),
     ({"dp_shard": 1, "tp": 4}, "tp=4 must divide the 2 attention heads"),
     ({"ep": 3}, "ep=3 must divide the 4 experts"),
     ({"cp": 3}, "cp=3 must divide the sequence length 64"),

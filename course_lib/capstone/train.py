@@ -1,0 +1,179 @@
+"""The capstone's training loop, inside one rank: any layout of chapter 09, real data, eval,
+checkpoints that resume (and reshard), faults on purpose.
+
+:func:`train_rank` runs unchanged inside :func:`course_lib.run` (the notebook's face,
+:func:`course_lib.capstone.measure.train_gpt`) and in ``course_lib/scripts/train_gpt.py`` under
+torchrun (the script's face). The model comes from chapter 09's builders (``build_2d``: DDP,
+FSDP2, TP, FSDP2 × TP; ``build_pp``: two pipeline stages); the data order from
+:class:`~course_lib.capstone.data.DataOrder`; checkpoints from chapter 06's protocol
+(``save_checkpoint`` / ``resume_latest``: DCP shards, a commit marker written last), the data
+position and the loss history in the manifest. The loss printed per step is the global batch's
+mean (one all-reduce), so every layout reports the number one process would.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
+from course_lib.common.models import GPT, GPTConfig
+from course_lib.common.training import make_optimizer
+from course_lib.composition.compose import build_2d, dense_params, state_bytes
+from course_lib.composition.measure import _quiet
+from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
+from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
+from course_lib.fault_tolerance.training import Fault, fire
+from course_lib.launcher import progress
+
+__all__ = ["build", "train_rank", "matmul_peak", "rank_entry", "VAL_SEQUENCES"]
+
+VAL_SEQUENCES = 8  # the fixed validation batch: the first 8 windows of the validation split
+
+
+def build(config: GPTConfig, layout: dict[str, int], seed: int) -> dict:
+    """This rank's model for ``layout`` (``{}``: the plain GPT) and its place in the data."""
+    if "pp" in layout:
+        return {"kind": "pp", **build_pp(config, layout, seed)}
+    if not layout:
+        torch.manual_seed(seed)
+        return {"kind": "single", "model": GPT(config), "dp_index": 0, "dp_size": 1}
+    _, model, dp_index, dp_size = build_2d(config, layout, seed)
+    return {"kind": "2d", "model": model, "dp_index": dp_index, "dp_size": dp_size}
+
+
+def _loss(b: dict, config: GPTConfig, x: torch.Tensor, y: torch.Tensor, backward: bool):
+    """This rank's loss on its batch (pipeline: the last stage's, sent back to the first)."""
+    if b["kind"] == "pp":
+        return pp_step(b, config, x, y, backward=backward)
+    loss = GPT.loss(b["model"](x), y)
+    if backward:
+        loss.backward()
+    return loss
+
+
+def _global_mean(loss: torch.Tensor) -> float:
+    """The global batch's mean loss: every rank of a data-parallel group holds the same value,
+    so the mean over all ranks is the mean over data-parallel ranks."""
+    loss = loss.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(loss)
+        loss /= dist.get_world_size()
+    return loss.item()
+
+
+def _dense(b: dict, config: GPTConfig, layout: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Every parameter in full, named as in the dense GPT (a collective on sharded layouts)."""
+    model = getattr(b["model"], "module", b["model"])  # DDP names them "module.<name>"
+    params = dense_params(model, config, layout.get("tp", 1))
+    return pp_dense_names(params, b) if b["kind"] == "pp" else params
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Free what a forward without backward left gathered: FSDP2 keeps the root's parameters
+    unsharded after its forward (backward would need them next), an eval leaves them so."""
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def _check_meta(layout: dict[str, int], steps: int):
+    def check(manifest: dict) -> None:
+        meta = manifest["meta"]
+        if not (type(meta.get("losses")) is list and len(meta["losses"]) == manifest["step"]):
+            raise ValueError("meta has no loss history of one loss per step")
+        if meta.get("tp", 1) != layout.get("tp", 1):  # TP reorders the qkv rows (chapter 4)
+            raise ValueError(f"saved with tp={meta.get('tp', 1)}: its qkv rows are in another "
+                             f"order than tp={layout.get('tp', 1)} expects")
+        if manifest["step"] > steps:
+            raise ValueError(f"saved at step {manifest['step']}, past this run's {steps} steps")
+    return check
+
+
+def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_size: int,
+               lr: float, seed: int = 0, eval_every: int = 0, ckpt_dir: str | None = None,
+               every: int = 0, keep: int | None = 2, faults: tuple[Fault, ...] = (),
+               attempt: int | None = None, threads: int = 1, return_params: bool = True) -> dict:
+    """Train ``steps`` Adam steps of ``batch_size`` sequences per data-parallel rank.
+
+    Resumes from the newest checkpoint in ``ckpt_dir`` that loads (any data-parallel layout
+    with the same ``tp``: DCP reshards); saves one every ``every`` steps. Returns this rank's
+    ``losses`` (global mean per step), ``val_losses`` ([step, loss] every ``eval_every`` steps
+    and at the end), ``bytes`` (model states as stored), ``step_seconds``, ``resumed_from``,
+    and ``params`` (full, dense names)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if attempt is None:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    mine = {(f.step, f.kind): f for f in faults if f.attempt == attempt and f.rank == rank}
+    torch.set_num_threads(threads)  # the same float work under run and under torchrun
+    _quiet()  # DTensor's note on gathering 2-D shards, once per rank
+    b = build(config, layout, seed)
+    model = b["model"]
+    optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
+    train_tokens, val_tokens = split_corpus()
+    order = DataOrder(Windows(train_tokens, config.seq_len), batch_size, b["dp_index"],
+                      b["dp_size"], seed)
+    vx, vy = val_batch(val_tokens, config.seq_len, VAL_SEQUENCES, b["dp_index"], b["dp_size"])
+    start, losses, val_losses, resumed = 0, [], [], None
+    if ckpt_dir:
+        state = resume_latest(ckpt_dir, model, optimizer, check_meta=_check_meta(layout, steps))
+        if state is not None:
+            start = resumed = state["step"]
+            meta = state["meta"]
+            losses, val_losses = list(meta["losses"]), [list(v) for v in meta["val_losses"]]
+            order.restore(meta["data"])
+    seconds = []
+    for step in range(start, steps):
+        for kind in ("kill", "raise"):
+            if (step, kind) in mine:
+                fire(mine[step, kind])
+        t0 = time.perf_counter()
+        x, y = order.next_batch()
+        optimizer.zero_grad(set_to_none=True)
+        loss = _loss(b, config, x, y, backward=True)
+        optimizer.step()
+        losses.append(_global_mean(loss))
+        seconds.append(time.perf_counter() - t0)
+        done = step + 1
+        if eval_every and (done % eval_every == 0 or done == steps):
+            with torch.no_grad():
+                val_losses.append([done, _global_mean(_loss(b, config, vx, vy, backward=False))])
+            _reshard(model)
+        if rank == 0:
+            progress.report(done, steps)
+        if ckpt_dir and every and done % every == 0:
+            hook = mine.get((done, "save"))
+            meta = {"losses": losses, "val_losses": val_losses, "data": order.state(),
+                    "seed": seed, "tp": layout.get("tp", 1), "layout": layout}
+            save_checkpoint(ckpt_dir, done, model, optimizer, meta=meta, keep=keep,
+                            before_commit=(lambda f=hook: fire(f)) if hook else None)
+    out = {"rank": rank, "losses": losses, "val_losses": val_losses, "resumed_from": resumed,
+           "bytes": state_bytes(model, optimizer), "step_seconds": seconds,
+           "stage": b.get("stage"), "attempt": attempt}
+    out["params"] = _dense(b, config, layout) if return_params else None  # same on every rank
+    return out
+
+
+def matmul_peak(n: int = 512, repeats: int = 5) -> float:
+    """This process's best fp32 matmul rate in FLOP/s (``2 n³`` per ``n × n`` product), best of
+    ``repeats``: the peak MFU is measured against, on the threads this process has."""
+    a, c = torch.randn(n, n), torch.randn(n, n)
+    a @ c  # warm-up: first-call allocations
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ c
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def rank_entry(config, layout, steps, kwargs) -> dict:
+    """What ``train_gpt`` ships to each rank: train, then rank 0 measures the matmul peak."""
+    out = train_rank(config, layout, steps, **kwargs)
+    out["matmul_peak"] = matmul_peak() if out["rank"] == 0 else None
+    return out
+

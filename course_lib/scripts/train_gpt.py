@@ -1,0 +1,122 @@
+r"""Train the course GPT on any dense layout of chapter 09, under torchrun, resuming after a crash.
+
+Chapter 12 (``12_capstone_train_gpt``): the same loop as ``course_lib.train_gpt`` (the rank side,
+:func:`course_lib.capstone.train.train_rank`), launched by torchrun. On your own machine (keep
+checkpoints in a folder of your own: ``mktemp -d``):
+
+    D=$(mktemp -d)
+    torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m course_lib.scripts.train_gpt \
+        --config course_lib/scripts/train_gpt.toml --layout dp_shard=2,tp=2 --ckpt-dir $D/ckpt
+
+Options come from a TOML file (``--config``, sections as torchtitan's: ``[model]``,
+``[training]``, ``[parallelism]``, ``[checkpoint]``) and the command line (which wins). The
+layout's sizes must multiply to the world size; ``--layout ""`` is one process. Make a rank fail
+on purpose with ``COURSE_FT_FAULTS=attempt:rank:step:kind`` (chapter 06's faults). On a cluster,
+``course_lib.capstone.cluster`` writes the Slurm and Kubernetes files that run this script
+unchanged, on the nodes' CPUs (gloo: the loop builds its meshes and tensors on CPU; moving it to
+GPUs, with NCCL, is not done here). ``--standalone`` is for your own machine only: torchrun's stores have no
+authentication and listen on every interface; on a shared machine use ``course_lib.torchrun``
+(a private network namespace), on a cluster its private network.
+
+Rank 0 writes ``{"losses": tensor, "params": {name: tensor}}`` to ``--out`` (read it with
+``torch.load(path, weights_only=True)``).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tomllib
+
+import torch
+
+from course_lib.capstone.measure import check_run, dp_size
+from course_lib.capstone.train import train_rank
+from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
+from course_lib.launcher.torchrun import init_distributed
+
+#: TOML section -> the options it may hold
+SECTIONS = {"model": ("preset",), "training": ("steps", "batch_size", "lr", "seed", "eval_every"),
+            "parallelism": ("layout",), "checkpoint": ("ckpt_dir", "every", "keep")}
+DEFAULTS = {"preset": "tiny", "steps": 12, "batch_size": 8, "lr": 3e-3, "seed": 0,
+            "eval_every": 0, "layout": {}, "ckpt_dir": "", "every": 0, "keep": 2}
+
+
+def parse_layout(text: str) -> dict[str, int]:
+    """``"dp_shard=2,tp=2"`` -> ``{"dp_shard": 2, "tp": 2}``; ``""`` -> ``{}``."""
+    layout = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, size = item.partition("=")
+        if not sep or not size.isdigit():
+            raise ValueError(f"bad layout item {item!r}: expected name=size, e.g. dp_shard=2")
+        layout[name.strip()] = int(size)
+    return layout
+
+
+def read_config(path: str) -> dict:
+    """The options a TOML file sets (unknown sections or keys are an error, not ignored)."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    out = {}
+    for section, values in data.items():
+        if section not in SECTIONS or not isinstance(values, dict):
+            raise ValueError(f"{path}: unknown section [{section}]; known: {sorted(SECTIONS)}")
+        for key, value in values.items():
+            if key not in SECTIONS[section]:
+                raise ValueError(f"{path}: [{section}] has no option {key!r}; "
+                                 f"known: {SECTIONS[section]}")
+            out[key] = value
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="", help="a TOML file of options")
+    parser.add_argument("--preset")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--batch-size", type=int, help="global batch, in sequences")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--eval-every", type=int)
+    parser.add_argument("--layout", help='e.g. "dp_shard=2,tp=2"; "" = one process')
+    parser.add_argument("--ckpt-dir")
+    parser.add_argument("--every", type=int, help="checkpoint every N steps (0: never)")
+    parser.add_argument("--keep", type=int)
+    parser.add_argument("--faults", default=os.environ.get(FAULTS_ENV, ""))
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    options = {**DEFAULTS, **(read_config(args.config) if args.config else {})}
+    for key in DEFAULTS:
+        value = getattr(args, key)
+        if value is not None:
+            options[key] = parse_layout(value) if key == "layout" else value
+    options["faults"], options["out"] = parse_faults(args.faults), args.out
+    return options
+
+
+def main(argv: list[str] | None = None) -> dict:
+    o = parse_args(argv)  # a typo fails here, before any process group exists
+    layout, config = check_run(o["layout"], o["preset"], o["steps"], o["batch_size"],
+                               o["ckpt_dir"] or None)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if math.prod(layout.values()) != world:
+        raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
+                         f"torchrun started {world}")
+    rank, _ = init_distributed("gloo")  # the course's loop builds its meshes on CPU
+    result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),
+                        lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
+                        ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
+                        faults=o["faults"])
+    if rank == 0:
+        start = result["resumed_from"]
+        print(f"attempt {result['attempt']}: layout {layout}, "
+              f"{'resumed from step ' + str(start) if start is not None else 'started fresh'}, "
+              f"final loss {result['losses'][-1]:.4f}", flush=True)
+        if o["out"]:
+            torch.save({"losses": torch.tensor(result["losses"], dtype=torch.float64),
+                        "params": result["params"]}, o["out"])
+    return result
+
+
+if __name__ == "__main__":
+    main()

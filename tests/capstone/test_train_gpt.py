@@ -1,0 +1,106 @@
+"""Chapter 12: train_gpt on real ranks — every layout's curve is one process's curve, predicted
+bytes are measured bytes, bad input fails before a process starts, the data order is torch's
+DistributedSampler split per data-parallel rank and resumes from its saved position."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.capstone.data import DataOrder, Windows, split_corpus
+from course_lib.capstone.measure import LAYOUTS, predict_run, train_gpt
+
+STEPS, EVAL = 6, 3
+#: losses of one process and of each layout agree to ~1e-6 here (summation order, Adam's eps);
+#: a wrong batch moves the loss by ~1e-2 within the first steps (seen on a broken split)
+LOSS_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {str(layout): train_gpt(layout, preset="tiny", steps=STEPS, eval_every=EVAL,
+                                   batch_size=8) for layout in LAYOUTS}
+
+
+def test_every_layout_follows_the_one_process_curve(runs):
+    single = runs["{}"]
+    assert len(single["losses"]) == STEPS and [s for s, _ in single["val_losses"]] == [3, 6]
+    assert single["losses"][-1] < single["losses"][0] - 0.5  # it learns
+    for name, r in runs.items():
+        diff = max(abs(a - b) for a, b in zip(r["losses"], single["losses"]))
+        vdiff = max(abs(a[1] - b[1]) for a, b in zip(r["val_losses"], single["val_losses"]))
+        assert diff < LOSS_TOLERANCE and vdiff < LOSS_TOLERANCE, (name, diff, vdiff)
+
+
+def test_final_weights_equal_the_one_process_weights(runs):
+    single = runs["{}"]["params"]
+    for name, r in runs.items():
+        assert r["params"].keys() == single.keys(), name
+        worst = max((r["params"][k] - single[k]).abs().max().item() for k in single)
+        assert worst < 1e-3, (name, worst)  # Adam steps of lr 3e-3: a wrong batch moves ~lr
+
+
+def test_predicted_bytes_are_measured_bytes_within_2_percent(runs):
+    for name, r in runs.items():
+        assert len(r["ranks"]) == r["world"]
+        for rank in r["ranks"]:
+            for key, predicted in rank["bytes_predicted"].items():
+                measured = rank["bytes_measured"][key]
+                assert abs(measured - predicted) <= 0.02 * predicted, (name, rank["rank"], key)
+
+
+def test_sharded_layouts_hold_less_per_rank(runs):
+    whole = runs["{}"]["ranks"][0]["bytes_measured"]["model_states"]
+    assert runs["{'dp': 2}"]["ranks"][1]["bytes_measured"]["model_states"] == whole
+    for name in ("{'dp_shard': 2}", "{'tp': 2}", "{'pp': 2}"):
+        assert max(r["bytes_measured"]["model_states"] for r in runs[name]["ranks"]) < 0.7 * whole
+    quarter = runs["{'dp_shard': 2, 'tp': 2}"]["ranks"][0]["bytes_measured"]["model_states"]
+    assert quarter < 0.35 * whole  # the embeddings are not split by tp
+
+
+def test_throughput_and_mfu_are_measured(runs):
+    for r in runs.values():
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["matmul_peak"] > 1e8
+        assert r["flops_per_step"] == runs["{}"]["flops_per_step"]
+
+
+def test_flop_count_is_six_flops_per_matmul_weight_and_token():
+    from course_lib.common.models import get_config
+    c = get_config("tiny")
+    tokens = 4 * c.seq_len
+    weights = c.n_layer * 12 * c.d_model ** 2 + c.vocab_size * c.d_model  # blocks + lm_head
+    attention = 6 * 2 * c.n_layer * c.seq_len * c.d_model * tokens  # QK^T and AV, if counted
+    flops = predict_run({"dp": 2}, "tiny", batch_size=4)["flops_per_step"]
+    assert 6 * weights * tokens <= flops <= 6 * weights * tokens + attention
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layout": {"dp": 3}}, "batch_size=8 sequences per step must split evenly"),
+    ({"layout": {"ep": 2}}, "trains the dense GPT"),
+    ({"layout": {"tp": 2, "dp": 2}}, "not implemented"),
+    ({"layout": {"dq": 2}}, "unknown mesh dimension 'dq'"),
+    ({"layout": {}, "preset": "huge"}, "unknown preset 'huge'"),
+    ({"layout": {}, "steps": 0}, "steps must be a positive integer"),
+    ({"layout": {"pp": 2}, "ckpt_dir": "/tmp/x"}, "pipeline layout are not supported"),
+    ({"layout": [("tp", 2)]}, "non-empty dict"),
+])
+def test_bad_input_fails_before_any_process(kwargs, message, monkeypatch):
+    import course_lib.capstone.measure as measure
+    monkeypatch.setattr(measure, "run", lambda *a, **k: pytest.fail("a process was started"))
+    layout = kwargs.pop("layout")
+    with pytest.raises(ValueError, match=message):
+        train_gpt(layout, **kwargs)
+
+
+def test_data_parallel_ranks_split_each_global_batch_and_resume_from_the_position():
+    windows = Windows(split_corpus()[0], 16)
+    one = DataOrder(windows, 4, 0, 1, seed=3)
+    two = [DataOrder(windows, 2, r, 2, seed=3) for r in range(2)]
+    for _ in range(one.per_epoch + 2):  # across an epoch boundary
+        x1, _ = one.next_batch()
+        x2 = torch.cat([d.next_batch()[0] for d in two])
+        assert sorted(map(tuple, x1.tolist())) == sorted(map(tuple, x2.tolist()))
+    later = DataOrder(windows, 4, 0, 1, seed=3)
+    later.restore(one.state())
+    assert torch.equal(later.next_batch()[0], one.next_batch()[0])
+    with pytest.raises(ValueError, match="outside this data set"):
+        later.restore({"epoch": 0, "position": one.per_epoch})
