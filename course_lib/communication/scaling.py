@@ -163,9 +163,10 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
         need = world * devices.plan(world, threads=threads).threads
-        if pin and need > len(os.sched_getaffinity(0)):
+        if pin and need > devices.usable_cores():
             raise ValueError(f"pin=True gives every rank its own cores: {world} ranks need "
-                             f"{need} cores, this process may use {len(os.sched_getaffinity(0))}")
+                             f"{need} cores, this process may use {devices.usable_cores()} "
+                             "(its affinity mask and cgroup CPU quota)")
     MLP(sizes)  # validates the sizes
     measured = {world: run(_ddp_rank, world, list(sizes), [global_batch // world, batch_per_rank],
                            steps, seed, pin, threads=threads)[0] for world in worlds}
