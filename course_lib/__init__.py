@@ -33,6 +33,7 @@ for _module, _names in {
     "data_parallel.by_hand": ["broadcast_parameters", "average_gradients"],
     "data_parallel.measure": ["compare_ddp"],
     "data_parallel.buckets": ["DDPByHand"],
+    "data_parallel.overlap": ["measure_overlap"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
     "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
