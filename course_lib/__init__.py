@@ -51,6 +51,7 @@ for _module, _names in {
     "communication.alphabeta": ["AlphaBeta", "fit_alpha_beta", "fit_per_world",
                                 "measure_all_reduce"],
     "communication.scaling": ["measure_scaling"],
+    "communication.scaling_link": ["scaling_over_link"],
     "communication.whatif": ["LINKS", "predict_step", "whatif_table"],
     "communication.multinode": ["run_two_nodes"],
     "communication.link_sweep": ["link_sweep", "LinkSweepUnavailable"],

@@ -33,6 +33,8 @@ CLOCK = (
     "tests/communication/test_comm.py::test_pinning_gives_each_rank_its_own_core",
     "tests/communication/test_link_sweep.py::test_a_slow_link_stretches_the_step",
     "tests/data_parallel/test_overlap.py::test_overlapped_step_beats_the_serial_one_by_a_share_of_the_communication",
+    "tests/communication/test_scaling_link.py::test_the_speedup_falls_as_the_link_slows",
+    "tests/communication/test_scaling_link.py::test_each_speedup_lies_within_the_alpha_beta_band",
     "tests/communication/test_link_sweep.py::test_each_throttled_step_is_within_the_stated_factor_of_alpha_beta",
     "tests/pipeline_parallel/test_pipeline.py::test_measured_bubble_budget_is_consistent",
     "tests/pipeline_parallel/test_torch_schedules.py::test_torch_schedule_equals_unsplit_model_and_measures_a_bubble",

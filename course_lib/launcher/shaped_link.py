@@ -63,7 +63,8 @@ def run_pair(target: str, jobs: Sequence[tuple[float, dict]], *, threads: int = 
         os.chmod(tmp, 0o700)
         opts = {"init": f"file://{tmp}/store", "threads": threads, "pin": pin, "cores": cores,
                 "target": target, "jobs": jobs}
-        proc = subprocess.Popen([*prefix(mode), sys.executable, "-m", "course_lib.launcher.shaped_link", "hub"],
+        proc = subprocess.Popen([*prefix(mode), sys.executable, "-m",
+                                 "course_lib.launcher.shaped_link", "hub"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
         try:
