@@ -45,14 +45,16 @@ def test_overlapped_step_beats_the_serial_one_by_a_share_of_the_communication(me
     assert m["comm_s"] >= 0.8 * wire_floor, m  # the link, not the CPU, sets the all-reduce time
     assert m["step_serial_s"] >= m["compute_s"] + 0.5 * m["comm_s"], m  # serial pays for comm
     assert m["step_serial_s"] - m["step_overlapped_s"] >= HIDDEN_AT_LEAST * m["comm_s"], m
-    assert m["hidden_share"] >= HIDDEN_AT_LEAST, m
-    assert "as predicted" in ov.overlap_verdict(m, HIDDEN_AT_LEAST)
+    busy = m["core_share"] < ov.MIN_CORE_SHARE  # CI's loaded rerun: busy loops on both cores
+    assert ("other programs took the cores" if busy else "as predicted") in \
+        ov.overlap_verdict(m, HIDDEN_AT_LEAST), m
 
 
 def test_derived_numbers_come_from_the_four_timers(measured):
     m = measured
     assert m["exposed_comm_s"] == pytest.approx(max(0.0, m["step_overlapped_s"] - m["compute_s"]))
-    assert m["hidden_share"] == pytest.approx(min(1.0, 1 - m["exposed_comm_s"] / m["comm_s"]))
+    assert m["hidden_share"] == pytest.approx(max(0.0, min(1.0, 1 - m["exposed_comm_s"]
+                                                           / m["comm_s"])))
     assert m["predicted_serial_s"] == pytest.approx(m["compute_s"] + m["comm_s"])
     assert course_lib.measure_overlap is ov.measure_overlap
 
