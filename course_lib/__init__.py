@@ -22,6 +22,7 @@ for _module, _names in {
     "launcher.launch": ["run", "RankError", "warm_up"],
     "launcher.torchrun": ["torchrun", "torchrun_command", "cluster_command", "init_distributed",
                           "TorchrunError"],
+    "launcher.devices": ["usable_cores"],
     "exercises": ["Feedback", "check_choice", "check_close", "check_number", "check_true"],
     # 01 training memory
     "common.models": ["GPT", "GPTConfig", "MLP", "PRESETS", "param_count"],
@@ -32,6 +33,7 @@ for _module, _names in {
     "data_parallel.by_hand": ["broadcast_parameters", "average_gradients"],
     "data_parallel.measure": ["compare_ddp"],
     "data_parallel.buckets": ["DDPByHand"],
+    "data_parallel.overlap": ["measure_overlap"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
     "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
@@ -49,6 +51,7 @@ for _module, _names in {
     "communication.alphabeta": ["AlphaBeta", "fit_alpha_beta", "fit_per_world",
                                 "measure_all_reduce"],
     "communication.scaling": ["measure_scaling"],
+    "communication.scaling_link": ["scaling_over_link"],
     "communication.whatif": ["LINKS", "predict_step", "whatif_table"],
     "communication.multinode": ["run_two_nodes"],
     "communication.link_sweep": ["link_sweep", "LinkSweepUnavailable"],

@@ -8,39 +8,21 @@ ends with ``tc``, and drives the phases: the unthrottled link (first and last) a
 requested setting, one phase per strategy; each result goes back as a JSON line on stdout.
 A node holds its namespace: when it exits, the namespace and its veth end vanish. Both kinds of
 process die with their parent (``PR_SET_PDEATHSIG``), so a killed kernel leaves none behind.
+The mechanics (namespaces, veth, ``tc``, the node processes) live in
+:mod:`course_lib.launcher.netns`, shared with chapter 02's overlap measurement.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import statistics
-import queue
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 
-_PR_SET_PDEATHSIG = 1
-ADDRS = ("10.99.0.1", "10.99.0.2")
+from course_lib.launcher.netns import (  # noqa: F401 - the mechanics, kept importable here
+    ADDRS, Nodes, _in, _sh, die_with_parent, shape, tx_bytes, wire)
 
-
-def die_with_parent() -> None:
-    """Ask the kernel for SIGKILL when the parent process exits (Linux)."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def tx_bytes(iface: str, pid: str = "self") -> int:
-    """Bytes sent by ``iface`` of the network namespace of process ``pid`` (``/proc/*/net/dev``)."""
-    with open(f"/proc/{pid}/net/dev") as f:
-        for line in f:
-            name, sep, rest = line.partition(":")
-            if sep and name.strip() == iface:
-                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
-    raise LookupError(f"no interface {iface!r} in /proc/{pid}/net/dev")
-
+_Nodes = Nodes
 
 def _batch(sizes, batch, seed, rank, device):
     import torch
@@ -176,99 +158,15 @@ def node_main() -> None:
     os._exit(0)  # gloo threads may abort a normal interpreter shutdown
 
 
-def _sh(*argv: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-
-
-def _in(pid: int, *argv: str) -> None:
-    _sh("nsenter", f"--net=/proc/{pid}/ns/net", *argv)
-
-
-def shape(pid: int, iface: str, rate_mbit: float, latency_ms: float) -> None:
-    """Replace the root qdisc of ``iface``: tbf for a rate, netem for a delay (and its rate)."""
-    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "del", "dev", iface,
-                    "root"], capture_output=True)
-    if latency_ms > 0:
-        rate = ["rate", f"{rate_mbit}mbit"] if rate_mbit else []
-        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "netem", "delay",
-            f"{latency_ms}ms", *rate, "limit", "100000")
-    elif rate_mbit:
-        burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))  # >= 1 ms of traffic
-        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "tbf", "rate", f"{rate_mbit}mbit",
-            "burst", str(burst), "latency", "1s")
-
-
-class _Nodes:
-    """The two node processes: JSON lines in, JSON lines out, stderr kept in temp files.
-
-    One reader thread per node: when a node dies, the hub learns it at once (its peer would
-    wait in a collective), and the error names the node and shows its traceback.
-    """
-
-    def __init__(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.errs = [tempfile.TemporaryFile("w+") for _ in range(2)]
-        self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m",
-                                        "course_lib.communication._link_node", "node"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=err, text=True, env=env)
-                      for err in self.errs]
-        self.lines: queue.Queue = queue.Queue()
-        for rank, proc in enumerate(self.procs):
-            threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
-
-    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            self.lines.put((rank, line))
-        self.lines.put((rank, None))
-
-    def send(self, rank: int, job: dict) -> None:
-        print(json.dumps(job), file=self.procs[rank].stdin, flush=True)
-
-    def receive(self) -> list[dict]:
-        """One JSON line from each node, in rank order; a node that exits raises."""
-        got: dict[int, dict] = {}
-        while len(got) < 2:
-            rank, line = self.lines.get()
-            if line is None:
-                code = self.procs[rank].wait()
-                self.errs[rank].seek(0)
-                tail = "\n".join(self.errs[rank].read().rstrip().splitlines()[-25:])
-                raise RuntimeError(f"node {rank} exited with code {code}:\n{tail}")
-            got[rank] = json.loads(line)
-        return [got[0], got[1]]
-
-    def ask(self, job: dict) -> list[dict]:
-        for rank in range(2):
-            self.send(rank, job)
-        return self.receive()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        for err in self.errs:
-            err.close()
-
-
 def hub_main() -> None:
     """Build the two-node network, run every phase, print one JSON line per result."""
     die_with_parent()
     opts = json.loads(sys.stdin.readline())
     start, tag = time.monotonic(), os.getpid()
-    ifaces = [f"clv{i}p{tag}"[:15] for i in range(2)]
-    nodes = _Nodes()
+    nodes = Nodes("course_lib.communication._link_node")
     try:
         pids = [reply["ready"] for reply in nodes.receive()]
-        _sh("ip", "link", "add", "name", ifaces[0], "type", "veth", "peer", "name", ifaces[1])
-        for pid, iface, addr in zip(pids, ifaces, ADDRS):
-            _sh("ip", "link", "set", iface, "netns", str(pid))
-            _in(pid, "ip", "addr", "add", f"{addr}/24", "dev", iface)
-            _in(pid, "ip", "link", "set", iface, "up")
-            _in(pid, "ip", "link", "set", "lo", "up")
+        ifaces = wire(pids, tag)
         for rank, iface in enumerate(ifaces):
             nodes.send(rank, {"rank": rank, "iface": iface, "init": opts["init"],
                               "sizes": opts["sizes"], "batch": opts["batch"], "seed": 0,

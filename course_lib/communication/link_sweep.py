@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
+import shutil  # noqa: F401 - tests patch shutil.which through this module
 import statistics
 import subprocess
 import sys
@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Sequence
 
 from course_lib.communication.link_sweep_gpu import LINK as GPU_LINK, gpu_results
+from course_lib.launcher.netns import LinkUnavailable as LinkSweepUnavailable  # noqa: F401
+from course_lib.launcher.netns import _probe, availability, prefix as _prefix  # noqa: F401
 
 __all__ = ["LinkRow", "LinkSweepUnavailable", "link_sweep", "availability", "predicted_bytes",
            "predicted_step", "DEFAULT_SIZES", "SWEEP_STRATEGIES", "STEP_FACTOR"]
@@ -45,14 +47,6 @@ DEFAULT_BATCH = 32
 #: Stated tolerance: each measured step within this factor of its α-β prediction, either way
 #: (1/3 to 3x). Wide on purpose: on 2 shared cores the unthrottled base itself varies ~2x.
 STEP_FACTOR = (1 / 3, 3.0)
-
-
-class LinkSweepUnavailable(RuntimeError):
-    """The two-node network cannot be built here; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"cannot build the two-node network here: {reason}")
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -138,46 +132,6 @@ def _validate(rates_mbit, strategies, latency_ms, steps) -> tuple[list[float], t
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     return [float(r) for r in rates], strategies
-
-
-def _probe(prefix: list[str], *argv: str) -> str | None:
-    """Run ``argv`` under ``prefix``; None when it worked, else its error text."""
-    try:
-        done = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
-
-
-def availability(latency: bool = False) -> tuple[str | None, str]:
-    """``(mode, reason)``: mode ``"root"``, ``"user namespace"`` or None (then ``reason`` says why).
-
-    Probes for real: a veth pair made inside a fresh network namespace (and, with ``latency``,
-    a ``netem`` qdisc — a kernel option some machines leave out).
-    """
-    if not sys.platform.startswith("linux"):
-        return None, "network namespaces are Linux-only"
-    missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t) is None]
-    if missing:
-        return None, f"{', '.join(missing)} not found (apt-get install iproute2 util-linux)"
-    mode = "root" if os.geteuid() == 0 else "user namespace"
-    prefix = _prefix(mode)
-    error = _probe(prefix, "ip", "link", "add", "name", "clprobe0", "type", "veth", "peer",
-                   "name", "clprobe1")
-    if error:
-        why = ("'unshare --net' was refused" if mode == "root" else
-               "unprivileged user namespaces are off here (unshare --user --map-root-user --net)")
-        return None, f"{why}: {error}"
-    if latency and _probe(prefix, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
-                          "1ms"):
-        return None, ("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), needed for a delay; "
-                      "use latency_ms=0")
-    return mode, "ok"
-
-
-def _prefix(mode: str) -> list[str]:
-    user = ["--user", "--map-root-user"] if mode == "user namespace" else []
-    return ["unshare", *user, "--net"]
 
 
 def _run_hub(mode: str, opts: dict, timeout: float) -> list[dict]:

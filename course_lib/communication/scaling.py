@@ -47,7 +47,7 @@ from course_lib.common.models import MLP, mlp_param_count
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
-__all__ = ["ScalingRow", "measure_scaling", "format_scaling", "DEFAULT_SIZES"]
+__all__ = ["ScalingRow", "measure_scaling", "format_scaling", "scaling_cause", "DEFAULT_SIZES"]
 
 #: A 1.6 M-parameter MLP (6.3 MB of fp32 gradients): a step takes tens of ms on 2 cores.
 DEFAULT_SIZES = (256, 1024, 1024, 256)
@@ -163,9 +163,10 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
         need = world * devices.plan(world, threads=threads).threads
-        if pin and need > len(os.sched_getaffinity(0)):
+        if pin and need > devices.usable_cores():
             raise ValueError(f"pin=True gives every rank its own cores: {world} ranks need "
-                             f"{need} cores, this process may use {len(os.sched_getaffinity(0))}")
+                             f"{need} cores, this process may use {devices.usable_cores()} "
+                             "(its affinity mask and cgroup CPU quota)")
     MLP(sizes)  # validates the sizes
     measured = {world: run(_ddp_rank, world, list(sizes), [global_batch // world, batch_per_rank],
                            steps, seed, pin, threads=threads)[0] for world in worlds}
@@ -202,3 +203,27 @@ def format_scaling(rows: Sequence[ScalingRow]) -> str:
                          f"{r.comm_s * 1e3:>7.1f}{r.allreduce_s * 1e3:>9.1f}{r.speedup:>9.2f}"
                          f"{r.efficiency:>8.0%}")
     return "\n".join(lines)
+
+
+def scaling_cause(rows: Sequence[ScalingRow], world: int = 2) -> str:
+    """One line: what kept strong scaling at ``world`` ranks from the ideal, from the rows.
+
+    The shortfall ``T(p) - T(1)/p`` is split into compute that did not shrink with the batch
+    (``compute - wait`` at p ranks against ``(compute - wait) / p`` of one), time waiting for a
+    core and the communication
+    the step could not hide; the largest is named.
+    """
+    strong = {r.world: r for r in rows if r.mode == "strong"}
+    if 1 not in strong or world not in strong:
+        return f"no strong-scaling row for {world} ranks: nothing to explain"
+    one, many = strong[1], strong[world]
+    parts = {"compute that did not shrink with the batch":  # on the cores, waits taken out
+             max(0.0, (many.compute_s - many.core_wait_s)
+                 - (one.compute_s - one.core_wait_s) / world),
+             "waiting for a core": many.core_wait_s,
+             "communication the step could not hide": many.comm_s}
+    cause = max(parts, key=parts.get)
+    return (f"{world} ranks: speedup {many.speedup:.2f} (ideal {world}); compute "
+            f"{one.compute_s * 1e3:.1f} → {many.compute_s * 1e3:.1f} ms (ideal "
+            f"{one.compute_s / world * 1e3:.1f}), exposed communication {many.comm_s * 1e3:.1f}"
+            f" ms; the largest loss: {cause} ({parts[cause] * 1e3:.1f} ms)")

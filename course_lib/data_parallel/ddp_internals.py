@@ -113,7 +113,7 @@ class DPStepReport:
     payload_bytes: int           # sum of the buckets' sizes
     sent_bytes: int | None       # bytes written to sockets in one step (median)
     step_ms: float               # median step time
-    backward_ms: float           # backward alone (it waits for the last bucket)
+    backward_ms: float           # backward of the step ``buckets`` come from (the last one)
     alive_after_step: int        # everything alive after optimizer.step (tracker)
     peak: int                    # tracker peak
     model_states: int            # params + grads + optimizer as the tracker files them
@@ -147,7 +147,7 @@ def _dp_rank(preset: str, local_batch: int, seq_len: int, bucket_cap_mb: float |
     buckets = sorted(log.records, key=lambda r: r["ready_ms"])
     return DPStepReport(rank, world, memory.n_params, buckets, sum(b["nbytes"] for b in buckets),
                         int(statistics.median(sent)) if sent else None, statistics.median(times),
-                        statistics.median(backwards), sum(memory.timeline[-1][1].values()),
+                        backwards[-1], sum(memory.timeline[-1][1].values()),
                         memory["peak"], memory["model_states"])
 
 

@@ -291,6 +291,16 @@ def test_pinning_more_ranks_than_cores_fails_before_starting(monkeypatch):
         measure_scaling(worlds=(1, 4), threads=1, pin=True)
 
 
+def test_pinning_counts_the_cgroup_quota_not_only_the_affinity_mask(monkeypatch):
+    """A pod with 2 cores in its mask and a 1-CPU quota cannot pin 2 ranks."""
+    import course_lib.communication.scaling as scaling
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(scaling.devices, "_cgroup_cpu_quota", lambda *paths: 1.0)
+    with pytest.raises(ValueError, match="2 ranks need 2 cores, this process may use 1"):
+        measure_scaling(worlds=(1, 2), threads=1, pin=True)
+
+
 @pytest.mark.parametrize("kwargs", [dict(worlds=(2, 4)), dict(worlds=(1, 3), global_batch=16),
                                     dict(worlds=(1, 64)), dict(steps=0)])
 def test_scaling_rejects_bad_input_before_starting(monkeypatch, kwargs):

@@ -75,6 +75,8 @@ def test_bytes_per_step_measured_vs_ring_formula(world):
     if world > 2:   # at N = 2 the ring sends exactly the payload: 2·(1/2)·4Ψ = 4Ψ
         assert not check_ring_bytes(4 * TINY, TINY, world, reports[0].sent_bytes)  # payload alone
     assert not check_ring_bytes(2 * 4 * TINY, TINY, world)                      # forgot (N-1)/N
+    for r in reports:  # the buckets shown and backward's return come from the same step
+        assert all(b["ready_ms"] <= b["done_ms"] <= r.backward_ms for b in r.buckets), r
 
 
 def test_no_sync_accumulation_equals_a_bigger_batch():

@@ -1,0 +1,183 @@
+"""A shaped link between two processes: network namespaces, a veth pair, ``tc`` (chapters 02, 05).
+
+Two "nodes" (processes), each in a network namespace of its own, joined by a veth pair
+(10.99.0.1 and 10.99.0.2) whose both ends ``tc`` shapes: a token bucket (``tbf``) for a rate,
+``netem`` for a delay. gloo between them then pays real wire time for every byte, which compute
+can overlap (the CPU is free while a socket waits). A *hub* process, itself started in a fresh
+namespace, makes the nodes, wires the veth and drives them over stdin/stdout (JSON lines).
+:func:`availability` says whether namespaces can be made here (root: ``unshare --net``; a normal
+user: ``unshare --user --map-root-user --net``, where the kernel allows it). Hub and nodes die
+with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node. Chapter 05's link
+sweep (``communication/_link_node``) and :mod:`course_lib.launcher.shaped_link` build on this.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+__all__ = ["ADDRS", "LinkUnavailable", "availability", "die_with_parent", "tx_bytes", "shape",
+           "Nodes", "wire", "prefix"]
+
+_PR_SET_PDEATHSIG = 1
+ADDRS = ("10.99.0.1", "10.99.0.2")
+
+
+class LinkUnavailable(RuntimeError):
+    """The two-node network cannot be built here; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot build the two-node network here: {reason}")
+        self.reason = reason
+
+
+def die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when the parent process exits (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def tx_bytes(iface: str, pid: str = "self") -> int:
+    """Bytes sent by ``iface`` of the network namespace of process ``pid`` (``/proc/*/net/dev``)."""
+    with open(f"/proc/{pid}/net/dev") as f:
+        for line in f:
+            name, sep, rest = line.partition(":")
+            if sep and name.strip() == iface:
+                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
+    raise LookupError(f"no interface {iface!r} in /proc/{pid}/net/dev")
+
+
+def _probe(prefix_: list[str], *argv: str) -> str | None:
+    """Run ``argv`` under ``prefix_``; None when it worked, else its error text."""
+    try:
+        done = subprocess.run([*prefix_, *argv], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def prefix(mode: str) -> list[str]:
+    """The ``unshare`` command line that makes a network namespace in ``mode``."""
+    user = ["--user", "--map-root-user"] if mode == "user namespace" else []
+    return ["unshare", *user, "--net"]
+
+
+def availability(latency: bool = False) -> tuple[str | None, str]:
+    """``(mode, reason)``: mode ``"root"``, ``"user namespace"`` or None (then ``reason`` says why).
+
+    Probes for real: a veth pair made inside a fresh network namespace (and, with ``latency``,
+    a ``netem`` qdisc — a kernel option some machines leave out).
+    """
+    if not sys.platform.startswith("linux"):
+        return None, "network namespaces are Linux-only"
+    missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t) is None]
+    if missing:
+        return None, f"{', '.join(missing)} not found (apt-get install iproute2 util-linux)"
+    mode = "root" if os.geteuid() == 0 else "user namespace"
+    error = _probe(prefix(mode), "ip", "link", "add", "name", "clprobe0", "type", "veth", "peer",
+                   "name", "clprobe1")
+    if error:
+        why = ("'unshare --net' was refused" if mode == "root" else
+               "unprivileged user namespaces are off here (unshare --user --map-root-user --net)")
+        return None, f"{why}: {error}"
+    if latency and _probe(prefix(mode), "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                          "delay", "1ms"):
+        return None, ("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), needed for a delay; "
+                      "use latency_ms=0")
+    return mode, "ok"
+
+
+def _sh(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+def _in(pid: int, *argv: str) -> None:
+    _sh("nsenter", f"--net=/proc/{pid}/ns/net", *argv)
+
+
+def shape(pid: int, iface: str, rate_mbit: float, latency_ms: float = 0.0) -> None:
+    """Replace the root qdisc of ``iface``: tbf for a rate, netem for a delay (and its rate)."""
+    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "del", "dev", iface,
+                    "root"], capture_output=True)
+    if latency_ms > 0:
+        rate = ["rate", f"{rate_mbit}mbit"] if rate_mbit else []
+        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "netem", "delay",
+            f"{latency_ms}ms", *rate, "limit", "100000")
+    elif rate_mbit:
+        burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))  # >= 1 ms of traffic
+        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "tbf", "rate", f"{rate_mbit}mbit",
+            "burst", str(burst), "latency", "1s")
+
+
+def wire(pids: list[int], tag: int) -> list[str]:
+    """Join the namespaces of the two node processes ``pids`` by a veth pair; its two ends."""
+    ifaces = [f"clv{i}p{tag}"[:15] for i in range(2)]
+    _sh("ip", "link", "add", "name", ifaces[0], "type", "veth", "peer", "name", ifaces[1])
+    for pid, iface, addr in zip(pids, ifaces, ADDRS):
+        _sh("ip", "link", "set", iface, "netns", str(pid))
+        _in(pid, "ip", "addr", "add", f"{addr}/24", "dev", iface)
+        _in(pid, "ip", "link", "set", iface, "up")
+        _in(pid, "ip", "link", "set", "lo", "up")
+    return ifaces
+
+
+class Nodes:
+    """The two node processes (``python -m module node``, each under ``unshare --net``): JSON
+    lines in, JSON lines out, stderr kept in temp files.
+
+    One reader thread per node: when a node dies, the hub learns it at once (its peer would
+    wait in a collective), and the error names the node and shows its traceback.
+    """
+
+    def __init__(self, module: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.errs = [tempfile.TemporaryFile("w+") for _ in range(2)]
+        self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m", module, "node"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=err, text=True, env=env)
+                      for err in self.errs]
+        self.lines: queue.Queue = queue.Queue()
+        for rank, proc in enumerate(self.procs):
+            threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
+
+    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.put((rank, line))
+        self.lines.put((rank, None))
+
+    def send(self, rank: int, job: dict) -> None:
+        print(json.dumps(job), file=self.procs[rank].stdin, flush=True)
+
+    def receive(self) -> list[dict]:
+        """One JSON line from each node, in rank order; a node that exits raises."""
+        got: dict[int, dict] = {}
+        while len(got) < 2:
+            rank, line = self.lines.get()
+            if line is None:
+                code = self.procs[rank].wait()
+                self.errs[rank].seek(0)
+                tail = "\n".join(self.errs[rank].read().rstrip().splitlines()[-25:])
+                raise RuntimeError(f"node {rank} exited with code {code}:\n{tail}")
+            got[rank] = json.loads(line)
+        return [got[0], got[1]]
+
+    def ask(self, job: dict) -> list[dict]:
+        for rank in range(2):
+            self.send(rank, job)
+        return self.receive()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for err in self.errs:
+            err.close()
