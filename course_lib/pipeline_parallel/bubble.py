@@ -49,6 +49,7 @@ class BubbleRow:
     bubbles: list
     core_share: float
     action_s: float          # median compute of one forward + backward of a micro-batch, per rank
+    rank_cpu_s: list = field(default_factory=list)  # CPU seconds per micro-batch, each rank
 
     @property
     def error(self) -> float:
@@ -73,6 +74,13 @@ class BubbleSweep:
     @property
     def core_share(self) -> float:
         return min(r.core_share for r in self.rows)
+
+    @property
+    def imbalance(self) -> float:
+        """How much more CPU time per micro-batch the slowest stage needed than the fastest
+        (thread CPU time: unlike wall time, not stretched by waiting for a core)."""
+        cpu = [sum(c) for c in zip(*(r.rank_cpu_s for r in self.rows))] if self.rows[0].rank_cpu_s else []
+        return max(cpu) / min(cpu) - 1 if cpu and min(cpu) > 0 else 0.0
 
     @property
     def compute_ratio(self) -> float:
@@ -106,12 +114,14 @@ class BubbleSweep:
         if abs(worst.error) <= self.tolerance and falling:
             return f"{line}: as predicted (within ±{self.tolerance:.2f})"
         return (f"{line}: NOT as predicted (m={worst.m} off by {worst.error:+.2f}, "
-                f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'})")
+                f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'}; "
+                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch)")
 
     def table(self) -> str:
         lines = [f"p={self.p}, {'pinned one per core' if self.pinned else 'not pinned'}; per-action "
                  f"overhead (send+recv of one activation) {self.overhead_s * 1e3:.2f} ms, compute "
-                 f"per action ≥ {self.compute_ratio:.0f}x that",
+                 f"per action ≥ {self.compute_ratio:.0f}x that; stages differ by "
+                 f"{self.imbalance:.0%} in CPU time per micro-batch",
                  f"{'schedule':8} {'m':>2} {'measured':>8} {'formula':>7} {'diff':>6} {'core':>5}"]
         lines += [f"{r.schedule:8} {r.m:2d} {r.bubble:8.3f} {r.formula:7.3f} {r.error:+6.3f} "
                   f"{r.core_share:5.0%}" for r in self.rows]
@@ -201,6 +211,8 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
             cpu = sum(sum(t.cpu) for traces in steps_traces for t in traces)
             wall = sum(sum(b.compute) for b in budgets)
             action = statistics.median(sum(b.compute) / (p * m) for b in budgets)
+            rank_cpu = [sum(sum(traces[r].cpu) for traces in steps_traces) / (steps * m)
+                        for r in range(p)]
             sweep.rows.append(BubbleRow(s, m, statistics.median(bubbles), bubble_formula(p, m),
-                                        bubbles, cpu / wall, action))
+                                        bubbles, cpu / wall, action, rank_cpu))
     return sweep
