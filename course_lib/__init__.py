@@ -43,6 +43,7 @@ for _module, _names in {
     # 04 model parallelism
     "tensor_parallel.measure": ["measure_tp", "measure_tp_model"],
     "pipeline_parallel.measure": ["measure_pipeline", "bubble_formula", "torch_pipeline"],
+    "pipeline_parallel.bubble": ["measure_bubble_sweep", "BubbleSweep"],
     "tensor_parallel.megatron": ["megatron_status", "compare_megatron", "megatron_layout"],
     # 05 communication and scaling
     "communication.benchmark": ["CollectiveResult", "benchmark_collectives", "busbw_factor",

@@ -16,6 +16,7 @@ is its bubble, messages in flight included (small next to ~ms of compute here).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -23,13 +24,14 @@ import torch.distributed as dist
 
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
+from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.launcher.progress import report
 from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
 from course_lib.pipeline_parallel.schedules import Stage
 
 __all__ = ["TORCH_SCHEDULES", "torch_bubble_formula", "stages_of_rank", "measure_torch_schedule",
-           "measure_torch_schedules"]
+           "measure_torch_schedules", "order_verdict"]
 
 #: name -> (torch class name, stages per rank)
 TORCH_SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1),
@@ -148,9 +150,28 @@ def measure_torch_schedules(schedules=tuple(TORCH_SCHEDULES), p: int = 2, m: int
                              f"and {n_stages} must divide the {config.n_layer} layers")
     if m < p:
         raise ValueError(f"m={m} micro-batches: torch's schedules need at least p={p}")
+    load = os.getloadavg()[0]          # before the launch: other work on this machine
     per_rank = run(_torch_schedules_rank, p, config, schedules, m, m * micro_batch, steps, seed,
                    timeout=timeout, threads=1)
-    return {name: _report(name, p, m, steps, [r[name] for r in per_rank]) for name in schedules}
+    return {name: {**_report(name, p, m, steps, [r[name] for r in per_rank]), "load": load}
+            for name in schedules}
+
+
+def order_verdict(reports: dict, cores: int | None = None) -> str:
+    """One line from :func:`measure_torch_schedules`' reports: do the measured bubbles fall in the
+    formulas' order? No verdict when other work kept cores busy before the launch (1-minute load
+    above ``cores - p + 0.5``, at least 1): the ranks then wait for a core, not for each other."""
+    rows = sorted(reports.values(), key=lambda r: -r["formula"])
+    cores = devices.cpu_count() if cores is None else cores
+    p, load = rows[0]["p"], max(r.get("load", 0.0) for r in rows)
+    line = ("bubble measured " + ", ".join(f"{r['schedule']} {r['bubble']:.2f}" for r in rows)
+            + "; formulas " + ", ".join(f"{r['formula']:.2f}" for r in rows))
+    if load > max(1.0, cores - p + 0.5) or cores < p:
+        return (f"{line}: no verdict — load {load:.1f} on {cores} cores before the launch "
+                f"(the {p} ranks were not sure to have a core each)")
+    if all(a["bubble"] > b["bubble"] for a, b in zip(rows, rows[1:])):
+        return f"{line}: falling in the formulas' order"
+    return f"{line}: NOT falling in the formulas' order"
 
 
 def _report(schedule: str, p: int, m: int, steps: int, results: list[dict]) -> dict:

@@ -57,3 +57,22 @@ def test_bad_requests_fail_before_any_process(kwargs, message, monkeypatch):
     monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match=message):
         measure_torch_schedule(**kwargs)
+
+
+def _rows(**bubbles):
+    from course_lib.pipeline_parallel.torch_schedules import torch_bubble_formula
+    return {name.replace("_", "-"): {"schedule": name.replace("_", "-"), "p": 2, "bubble": b,
+                                     "load": 0.2, "formula": torch_bubble_formula(name.replace("_", "-"), 2, 4)}
+            for name, b in bubbles.items()}
+
+
+def test_order_verdict_is_computed_from_the_measured_bubbles():
+    from course_lib.pipeline_parallel.torch_schedules import order_verdict
+    ok = order_verdict(_rows(zb_v=0.10, interleaved_1f1b=0.14, **{"1f1b": 0.23}), cores=2)
+    assert ok == ("bubble measured 1f1b 0.23, interleaved-1f1b 0.14, zb-v 0.10; formulas 0.20, "
+                  "0.11, 0.00: falling in the formulas' order")
+    assert order_verdict(_rows(zb_v=0.18, interleaved_1f1b=0.14, **{"1f1b": 0.23}),
+                         cores=2).endswith("NOT falling in the formulas' order")
+    busy = _rows(zb_v=0.10, interleaved_1f1b=0.14, **{"1f1b": 0.23})
+    busy["zb-v"]["load"] = 3.0
+    assert "no verdict — load 3.0 on 2 cores" in order_verdict(busy, cores=2)

@@ -1,0 +1,218 @@
+"""The bubble experiment of chapter 4, designed for a 2-core laptop: m = 1, 2, 4, 8 in one launch.
+
+:func:`measure_bubble_sweep` runs GPipe and 1F1B on ``p`` ranks pinned one per core, after
+measuring the per-action overhead (a send and receive of one activation, no compute), and
+keeps the bubble of every (schedule, m) — from the ranks' own timestamps
+(:func:`~course_lib.pipeline_parallel.measure.measured_bubble`), never from the formula.
+:meth:`BubbleSweep.verdict` prints one line computed from that measurement: as predicted within
+a stated tolerance, or not, or why the machine could not show it (fewer usable cores than
+ranks, ranks without a core of their own, compute not large against the overhead).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from course_lib.common.checks import positive_int
+from course_lib.common.models import GPTConfig, get_config
+from course_lib.launcher import devices
+from course_lib.launcher.launch import run
+from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_formula, measured_bubble,
+                                                  pipeline_rank)
+from course_lib.pipeline_parallel.schedules import SCHEDULES, check_pipeline
+
+__all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
+           "measure_bubble_sweep", "report_verdict"]
+
+#: |measured - formula| allowed for "as predicted" (a fraction of the step, at every m).
+TOLERANCE = 0.05
+#: Below this share of their compute time on a core, the ranks were starved: no verdict.
+MIN_CORE_SHARE = 0.8
+#: The stage's compute per action must be at least this many times the per-action overhead.
+MIN_COMPUTE_RATIO = 20.0
+
+
+@dataclass
+class BubbleRow:
+    """One (schedule, m): the median recorded step's bubble, the formula, the ranks' core share."""
+
+    schedule: str
+    m: int
+    bubble: float
+    formula: float
+    bubbles: list
+    core_share: float
+    action_s: float          # median compute of one forward + backward of a micro-batch, per rank
+    rank_cpu_s: list = field(default_factory=list)  # CPU seconds per micro-batch, each rank
+
+    @property
+    def error(self) -> float:
+        return self.bubble - self.formula
+
+
+@dataclass
+class BubbleSweep:
+    """What :func:`measure_bubble_sweep` measured; ``rows`` per schedule in order of m."""
+
+    p: int
+    cores: int                # usable cores of the launching process
+    pinned: bool
+    overhead_s: float         # one send + recv of an activation, no compute (median, one way)
+    load: float               # 1-minute load average before the launch
+    rows: list = field(default_factory=list)
+    tolerance: float = TOLERANCE
+
+    def schedule(self, name: str) -> list[BubbleRow]:
+        return [r for r in self.rows if r.schedule == name]
+
+    @property
+    def core_share(self) -> float:
+        return min(r.core_share for r in self.rows)
+
+    @property
+    def imbalance(self) -> float:
+        """How much more CPU time per micro-batch the slowest stage needed than the fastest
+        (thread CPU time: unlike wall time, not stretched by waiting for a core)."""
+        cpu = [sum(c) for c in zip(*(r.rank_cpu_s for r in self.rows))] if self.rows[0].rank_cpu_s else []
+        return max(cpu) / min(cpu) - 1 if cpu and min(cpu) > 0 else 0.0
+
+    @property
+    def compute_ratio(self) -> float:
+        return min(r.action_s for r in self.rows) / max(self.overhead_s, 1e-9)
+
+    def spoiled(self) -> str | None:
+        """Why this machine could not show the effect, or None."""
+        if self.cores < self.p:
+            return (f"{self.p} ranks need {self.p} usable cores, this process may use {self.cores}: "
+                    f"ranks share cores, so the bubble is not the schedule's alone")
+        if self.core_share < MIN_CORE_SHARE:
+            return (f"the ranks had a core for only {self.core_share:.0%} of their compute time "
+                    f"(threshold {MIN_CORE_SHARE:.0%}; load {self.load:.1f} on {self.cores} cores): "
+                    f"the machine is busy, a paused rank makes its neighbour wait")
+        if self.compute_ratio < MIN_COMPUTE_RATIO:
+            return (f"compute per action is only {self.compute_ratio:.0f}x the per-action overhead "
+                    f"(need {MIN_COMPUTE_RATIO:.0f}x)")
+        return None
+
+    def verdict(self, name: str) -> str:
+        rows = self.schedule(name)
+        first, last = rows[0], rows[-1]
+        line = (f"{name}: bubble {first.bubble:.2f} → {last.bubble:.2f} as m went {first.m} → "
+                f"{last.m}; formula {first.formula:.2f} → {last.formula:.2f}") if len(rows) > 1 else (
+                f"{name}, p={self.p}: bubble {first.bubble:.2f} at m={first.m}; formula {first.formula:.2f}")
+        why = self.spoiled()
+        if why:
+            return f"{line}: no verdict — {why}"
+        worst = max(rows, key=lambda r: abs(r.error))
+        falling = all(a.bubble > b.bubble for a, b in zip(rows, rows[1:]))
+        if abs(worst.error) <= self.tolerance and falling:
+            return f"{line}: as predicted (within ±{self.tolerance:.2f})"
+        return (f"{line}: NOT as predicted (m={worst.m} off by {worst.error:+.2f}, "
+                f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'}; "
+                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch)")
+
+    def table(self) -> str:
+        lines = [f"p={self.p}, {'pinned one per core' if self.pinned else 'not pinned'}; per-action "
+                 f"overhead (send+recv of one activation) {self.overhead_s * 1e3:.2f} ms, compute "
+                 f"per action ≥ {self.compute_ratio:.0f}x that; stages differ by "
+                 f"{self.imbalance:.0%} in CPU time per micro-batch",
+                 f"{'schedule':8} {'m':>2} {'measured':>8} {'formula':>7} {'diff':>6} {'core':>5}"]
+        lines += [f"{r.schedule:8} {r.m:2d} {r.bubble:8.3f} {r.formula:7.3f} {r.error:+6.3f} "
+                  f"{r.core_share:5.0%}" for r in self.rows]
+        return "\n".join(lines)
+
+
+def report_verdict(report) -> str:
+    """The verdict line for one :class:`~course_lib.pipeline_parallel.measure.PipelineReport`
+    (ranks not pinned): no verdict where the ranks share cores or were starved."""
+    row = BubbleRow(report.schedule, report.m, report.bubble, report.formula, report.bubbles,
+                    report.cpu_share, 1.0)
+    return BubbleSweep(report.p, devices.cpu_count(), False, 0.0, os.getloadavg()[0],
+                       [row]).verdict(report.schedule)
+
+
+def _pin_one_core(rank: int) -> list[int]:
+    """Restrict this rank (and the threads it starts from now on) to core ``rank`` of its mask."""
+    core = sorted(os.sched_getaffinity(0))[rank]
+    os.sched_setaffinity(0, [core])
+    return [core]
+
+
+def _overhead(shape: tuple, repeats: int) -> float:
+    """Median one-way time of a send + recv of ``shape`` between ranks 0 and 1 (no compute)."""
+    rank = dist.get_rank()
+    x, times = torch.zeros(shape), []
+    dist.barrier()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        elif rank == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        times.append((time.perf_counter() - start) / 2)
+    dist.barrier()
+    return statistics.median(times)
+
+
+def _sweep_rank(config: GPTConfig, schedules: Sequence[str], ms: Sequence[int], micro_batch: int,
+                steps: int, pin: bool, ops: Callable | None) -> tuple:
+    if pin:
+        _pin_one_core(dist.get_rank())
+    overhead = _overhead((micro_batch, config.seq_len, config.d_model), 20)
+    runs = {(s, m): pipeline_rank(config, s, m, m * micro_batch, 0, steps, 1, False, ops)
+            for s in schedules for m in ms}
+    return overhead, runs
+
+
+def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
+                         schedules: Sequence[str] = SCHEDULES,
+                         config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 2,
+                         steps: int = 3, pin: bool = True, ops: Callable | None = None,
+                         timeout: float = 120.0) -> BubbleSweep:
+    """GPipe and 1F1B at every ``m`` in ``ms`` on ``p`` ranks, one launch; see the module doc.
+
+    Micro-batches keep ``micro_batch`` sequences at every m, so the compute per action (and its
+    ratio to the overhead) stays the same while m grows. Each (schedule, m) runs one warm-up
+    step then ``steps`` recorded ones; the row keeps the median bubble. ``pin=True`` (needs
+    ``p`` usable cores, checked before starting) gives each rank a core of its own.
+    """
+    config = get_config(config)
+    positive_int(micro_batch, "micro_batch")
+    positive_int(steps, "steps")
+    ms = list(ms)
+    if not ms or sorted(set(ms)) != ms:
+        raise ValueError(f"ms must be increasing micro-batch counts, got {ms}")
+    if p < 2:
+        raise ValueError(f"a bubble needs p >= 2 stages, got p={p}")
+    for s in schedules:
+        for m in ms:
+            check_pipeline(config, p, m, None, s)
+    cores = devices.cpu_count()
+    if pin and p > cores:
+        raise ValueError(f"pin=True gives every rank its own core: {p} ranks need {p} cores, "
+                         f"this process may use {cores}")
+    load = os.getloadavg()[0]
+    per_rank = run(_sweep_rank, p, config, list(schedules), ms, micro_batch, steps, pin, ops,
+                   timeout=timeout, threads=1)
+    sweep = BubbleSweep(p, cores, pin, statistics.median(o for o, _ in per_rank[:2]), load)
+    for s in schedules:
+        for m in ms:
+            steps_traces = list(zip(*(runs[(s, m)] for _, runs in per_rank)))
+            budgets = [measured_bubble(list(traces)) for traces in steps_traces]
+            bubbles = [b.bubble_fraction for b in budgets]
+            cpu = sum(sum(t.cpu) for traces in steps_traces for t in traces)
+            wall = sum(sum(b.compute) for b in budgets)
+            action = statistics.median(sum(b.compute) / (p * m) for b in budgets)
+            rank_cpu = [sum(sum(traces[r].cpu) for traces in steps_traces) / (steps * m)
+                        for r in range(p)]
+            sweep.rows.append(BubbleRow(s, m, statistics.median(bubbles), bubble_formula(p, m),
+                                        bubbles, cpu / wall, action, rank_cpu))
+    return sweep

@@ -1,0 +1,104 @@
+"""The bubble experiment (chapter 4): p = 2 ranks pinned one per core, m = 1, 2, 4, 8, GPipe and
+1F1B in one launch; the measured bubble falls with m and lies within TOLERANCE of (p-1)/(m+p-1).
+
+The first test needs each rank to have a core of its own: where the machine cannot give that
+(fewer than 2 usable cores, or ranks starved by other work), it is skipped with the verdict's
+own reason, which is what the notebook prints there too. The others hold on any machine.
+"""
+from __future__ import annotations
+
+import pytest
+
+import course_lib.pipeline_parallel.bubble as bubble
+from course_lib.launcher import devices
+from course_lib.pipeline_parallel.bubble import (MIN_CORE_SHARE, TOLERANCE, BubbleRow, BubbleSweep,
+                                                 measure_bubble_sweep)
+from course_lib.pipeline_parallel.measure import bubble_formula
+
+
+def _one_at_a_time(schedule, p, m, rank):
+    """A broken schedule: each micro-batch's forward and backward before the next one starts."""
+    return [op for i in range(m) for op in (("F", i), ("B", i))]
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    if devices.cpu_count() < 2:
+        pytest.skip("needs 2 usable cores: one per pinned rank")
+    return measure_bubble_sweep(p=2)
+
+
+def test_bubble_falls_with_m_and_follows_the_formula(sweep):
+    assert [(r.schedule, r.m) for r in sweep.rows] == [(s, m) for s in ("gpipe", "1f1b")
+                                                       for m in (1, 2, 4, 8)]
+    assert sweep.compute_ratio >= bubble.MIN_COMPUTE_RATIO   # compute dominates the overhead
+    why = sweep.spoiled()
+    if why:
+        pytest.skip(f"this machine cannot show the bubble now: {why}")
+    for name in ("gpipe", "1f1b"):
+        rows = sweep.schedule(name)
+        assert all(a.bubble > b.bubble for a, b in zip(rows, rows[1:])), sweep.table()
+        assert all(abs(r.bubble - bubble_formula(2, r.m)) <= TOLERANCE for r in rows), sweep.table()
+        assert sweep.verdict(name).endswith(f"as predicted (within ±{TOLERANCE:.2f})")
+
+
+def test_a_schedule_that_does_not_pipeline_is_not_as_predicted():
+    """The verdict can fail: one micro-batch at a time keeps half of every step idle at any m."""
+    if devices.cpu_count() < 2:
+        pytest.skip("needs 2 usable cores")
+    broken = measure_bubble_sweep(p=2, ms=(1, 4), schedules=("1f1b",), steps=1, ops=_one_at_a_time)
+    rows = broken.schedule("1f1b")
+    assert rows[1].bubble > bubble_formula(2, 4) + TOLERANCE, broken.table()
+    assert "NOT as predicted" in broken.verdict("1f1b") or "no verdict" in broken.verdict("1f1b")
+
+
+def _sweep(**kwargs):
+    rows = [BubbleRow("gpipe", m, bubble_formula(2, m) + kwargs.pop(f"off{m}", 0.0), bubble_formula(2, m),
+                      [], kwargs.get("share", 1.0), 0.02, [0.020, 0.022]) for m in (1, 2, 4, 8)]
+    kwargs.pop("share", None)
+    return BubbleSweep(**{"p": 2, "cores": 2, "pinned": True, "overhead_s": 2e-4, "load": 0.3,
+                          "rows": rows, **kwargs})
+
+
+def test_verdict_says_as_predicted_or_by_how_much_not():
+    assert _sweep().verdict("gpipe") == ("gpipe: bubble 0.50 → 0.11 as m went 1 → 8; formula "
+                                         "0.50 → 0.11: as predicted (within ±0.05)")
+    off = _sweep(off8=0.09).verdict("gpipe")
+    assert "NOT as predicted (m=8 off by +0.09" in off
+    assert off.endswith("stages differ by 10% in CPU time per micro-batch)")
+    flat = _sweep(off4=-0.045, off8=0.045).verdict("gpipe")   # within ±0.05 but 0.155 → 0.156
+    assert "NOT as predicted" in flat and "; not falling with m;" in flat
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(cores=1), "2 ranks need 2 usable cores, this process may use 1"),
+    (dict(share=MIN_CORE_SHARE - 0.1), "the machine is busy"),
+    (dict(overhead_s=0.005), "compute per action is only 4x the per-action overhead"),
+])
+def test_a_machine_that_cannot_show_it_gets_no_verdict_and_the_reason(kwargs, reason):
+    line = _sweep(**kwargs).verdict("gpipe")
+    assert "no verdict" in line and reason in line and "as predicted" not in line
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(p=1), "a bubble needs p >= 2"),
+    (dict(ms=(4, 2)), "ms must be increasing"),
+    (dict(p=3), "p=3 stages do not divide"),
+    (dict(schedules=("zb",)), "schedule must be one of"),
+    (dict(p=4), "pin=True gives every rank its own core: 4 ranks need 4 cores, this process may use 2"),
+])
+def test_bad_requests_fail_before_any_process_starts(monkeypatch, kwargs, message):
+    monkeypatch.setattr(bubble, "run", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(bubble.devices, "cpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=message):
+        measure_bubble_sweep(**kwargs)
+
+
+def test_one_report_on_shared_cores_gets_no_verdict(monkeypatch):
+    from types import SimpleNamespace
+    monkeypatch.setattr(bubble.devices, "cpu_count", lambda: 2)
+    report = SimpleNamespace(p=4, m=8, schedule="1f1b", bubble=0.338, formula=3 / 11, bubbles=[0.338],
+                             cpu_share=0.69)
+    assert bubble.report_verdict(report) == (
+        "1f1b, p=4: bubble 0.34 at m=8; formula 0.27: no verdict — 4 ranks need 4 usable cores, "
+        "this process may use 2: ranks share cores, so the bubble is not the schedule's alone")
