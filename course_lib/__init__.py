@@ -69,6 +69,7 @@ for _module, _names in {
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
+    "debugging.oom": ["BudgetTracker", "OverBudget"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

@@ -7,7 +7,7 @@
   On a timeout the parent signals every unfinished rank *before* killing it and reads what each
   was doing (Python frames, any thread, even inside a blocking C call), within ``STACK_WAIT_S``.
 * A rank that died in a collective (gloo's "Received data size doesn't match expected size",
-  SIGABRT) or a mismatch found at ``"detail"`` gets one line naming the ranks and the mismatch;
+  SIGABRT), a mismatch found at ``"detail"`` or an allocator out of memory gets one line;
   a rank whose error only says its peer went away is not blamed when a peer died.
 """
 from __future__ import annotations
@@ -146,6 +146,11 @@ _DETAIL = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d
                      r"collective: (CollectiveFingerPrint\(.*?\))\.?", re.S)
 
 
+_CPU_OOM = re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): "
+                      r"you tried to allocate (\d+) bytes")
+_CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
+
+
 def _fingerprint(text: str) -> str:
     """``ALLREDUCE of shape [6] (Float)`` from a ``CollectiveFingerPrint(...)``."""
     op = re.search(r"OpType=(\w+)", text)
@@ -168,6 +173,14 @@ def summary(rank: int, message: str, stderr: str) -> str | None:
             a, fa, b, fb = b, fb, a, fa
         return (f"collective mismatch (found by debug='detail'): rank {a} runs "
                 f"{_fingerprint(fa)} while rank {b} runs {_fingerprint(fb)}")
+    found = _CPU_OOM.search(message) or _CPU_OOM.search(stderr)
+    if found:
+        return (f"rank {rank} ran out of memory: the CPU allocator could not get "
+                f"{int(found.group(1)) / 2**20:.2f} MiB more (what it held: chapter 01's tracker, "
+                "chapter 10's BudgetTracker)")
+    found = _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr)
+    if found:
+        return f"rank {rank} ran out of GPU memory: it tried to allocate {found.group(1)} more"
     found = _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message)
     if found:
         got, expected = found.groups()
