@@ -26,18 +26,33 @@ TODO = ...
 
 @dataclass(frozen=True)
 class Feedback:
-    """The outcome of one check: ``passed`` and a one-line message without the solution."""
+    """The outcome of one check: ``passed`` and a one-line message without the solution.
+
+    ``details``: the raw output of a rank that died in the learner's code, shown below the line
+    (folded behind a toggle in a notebook).
+    """
 
     passed: bool
     message: str
     name: str = "exercise"
+    details: str = ""
 
     def __bool__(self) -> bool:
         return self.passed
 
-    def __repr__(self) -> str:
+    def _line(self) -> str:
         mark = "✅ correct" if self.passed else "❌ not yet"
         return f"[{self.name}] {mark}: {self.message}"
+
+    def _folded(self):
+        from course_lib.launcher._rank_error import Folded
+        return Folded(self._line(), self.details, "raw output of the rank that died")
+
+    def __repr__(self) -> str:
+        return repr(self._folded())
+
+    def _repr_html_(self) -> str | None:
+        return self._folded()._repr_html_() if self.details else None  # None: the text form
 
     __str__ = __repr__
 
@@ -118,6 +133,10 @@ def check_true(run: Callable[[], tuple[bool, str]], *, name: str = "exercise") -
             return Feedback(False, "not answered yet: your function still raises "
                                    "NotImplementedError.", name)
         where = f" on rank {err.rank}" if hasattr(err, "rank") else ""
+        if getattr(err, "summary", None):  # a recognised crash: its one line, the dump folded
+            return Feedback(False, f"your code failed: {err.summary}", name,
+                            getattr(err, "raw", ""))
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return Feedback(False, f"your code raised {kind}{where}: {first}", name)
+        return Feedback(False, f"your code raised {kind}{where}: {first}", name,
+                        getattr(err, "raw", ""))
     return Feedback(bool(passed), message, name)

@@ -23,7 +23,6 @@ import linecache
 import os
 import selectors
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -33,24 +32,12 @@ from typing import Any, Callable
 import cloudpickle
 
 from course_lib.launcher import _diagnose, devices, progress
-from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib.launcher._warm import WarmServer, preimports_of
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
-
-
-class RankError(RuntimeError):
-    """A rank failed. ``rank``, ``exc_type`` and ``remote_traceback`` tell which and why."""
-
-    def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str,
-                 summary: str | None = None):
-        self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
-        self.summary = summary  # one line naming a collective mismatch, when one was recognised
-        super().__init__(("" if summary is None else f"{summary}\n") +
-                         f"rank {rank} of {nprocs} failed with {exc_type}: {message}\n"
-                         f"\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}\n"
-                         f"--- the other ranks were stopped ---")
 
 
 class _ServerCache:
@@ -83,23 +70,6 @@ def warm_up(wait: bool = True) -> None:
     the first cell. The first ``run`` then waits only for what is left of the server's start.
     """
     _SERVERS.get(wait=wait)
-
-
-def _failure_of(state: Rank, nprocs: int) -> RankError:
-    stderr = "\n".join(state.err_tail)
-    if state.outcome and state.outcome[0] == "error":
-        _, exc_type, message, tb = state.outcome
-        return RankError(state.rank, nprocs, exc_type, message, tb,
-                         _diagnose.summary(state.rank, message, stderr))
-    code = state.exitcode
-    if code is not None and code < 0:
-        how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
-    else:
-        how = f"exited with code {code}"
-    said = _diagnose.summary(state.rank, "", stderr)
-    return RankError(state.rank, nprocs, "ProcessDied", f"the process {how} before returning",
-                     "(no Python traceback: the process ended abruptly)" + (
-                         f"; its last lines on stderr:\n{stderr}" if said else ""), said)
 
 
 def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
@@ -164,6 +134,9 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
                         f"ranks: {exc}") from exc
     try:
         return _launch(fn, placement, payload, timeout, report, start, level)
+    except RankError:
+        show_in_notebook()  # in a kernel: the raw dump of a dying rank folded under one line
+        raise
     except KeyboardInterrupt:
         # the ranks are gone already; the frames inside the launcher would only hide that
         raise KeyboardInterrupt(f"run on {nprocs} rank(s) stopped; every rank was ended") \
@@ -223,6 +196,9 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
                 if state.outcome is None:
                     state.kill()
             drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            for state in ranks:  # a dump held back for an error that reported another rank
+                for line in [] if state.dump_shown else state.dump:
+                    emit(line.encode(), state.rank, sys.stderr)
         finally:  # even when a second Stop arrives while draining
             try:
                 if not succeeded:
@@ -278,11 +254,11 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
                         culprit = _diagnose.culprit(state, ranks, sel)
                         if culprit is not state:  # a victim of a peer that died: name the peer
                             wait_exit(culprit, sel)
-                        raise _failure_of(culprit, nprocs)
+                        raise failure_of(culprit, nprocs)
                     waiting.discard(state.rank)
                     view.update(done=nprocs - len(waiting))
                 elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):
-                    raise _failure_of(state, nprocs)
+                    raise failure_of(state, nprocs)
             view.tick()
         for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
             if key.data[1] in ("out", "err"):
