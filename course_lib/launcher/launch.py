@@ -1,21 +1,13 @@
 """``run``: a function typed in a notebook cell, executed on N real processes.
 
 Why not ``torch.multiprocessing.spawn``? It cannot start a function defined in a notebook cell
-(the child looks it up in ``__main__`` and fails), and ``torchrun`` costs seconds per launch on a
-laptop because every rank imports torch again. Here:
-
-* ranks are forked from a **warm fork server** (like ``multiprocessing``'s forkserver, with
-  torch preloaded), so a 4-rank launch costs tens of milliseconds after the first one;
-* the function is shipped **by value** with cloudpickle, so cell-defined functions work;
-* rendezvous uses a **file store** in a private temporary directory: no port to collide with
-  another notebook, no host-name look-up (a TCP store stalled 5 s in 1 run of 10 here);
-* each rank's stdout/stderr is streamed live into the cell, prefixed ``[rank r]``;
-* a failing rank, a timeout or an interrupt ends *every* rank; a dying parent takes its ranks
-  with it through a lifeline pipe (see :mod:`course_lib.launcher._worker`), which also releases the
-  ranks together once every result is in.
-
-Chapter 00 introduces it; every later chapter runs its experiments with it. For scripts and
-multi-node command lines, see :mod:`course_lib.torchrun`.
+(the child looks it up in ``__main__``), and ``torchrun`` costs seconds per launch because every
+rank imports torch again. Here ranks are forked from a warm fork server with torch preloaded
+(:mod:`course_lib.launcher._warm`), the function travels by value (cloudpickle), rendezvous uses
+a file store in a private directory, each rank's output streams live into the cell as
+``[rank r]``, and a failing rank, a timeout or an interrupt ends every rank (a dying parent takes
+its ranks with it through a lifeline pipe, :mod:`course_lib.launcher._worker`). Chapter 00
+introduces it; for scripts and multi-node command lines see :mod:`course_lib.torchrun`.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Measure where training memory goes, with torch's own allocation tracker.
+"""Measure where training memory goes, with torch's own allocation tracker (chapter 01).
 
-Chapter 1 (``01_training_memory``) runs real training steps under
-``torch.distributed._tools.mem_tracker.MemTracker``, which sees every tensor storage created
-and freed and files it under params, buffers, grads, optimizer states, activations (created
-in forward) or temporaries (created in backward). Nothing here computes a byte count from a
-formula: the formulas live in :mod:`course_lib.memory.predict` and are compared with these numbers.
-
-* :func:`measure_step` — the chapter-1 entry point: a model (or a :class:`GPTConfig`) and a
-  batch; with ``fake=True`` it runs the same steps on fake tensors (``FakeTensorMode``), so a
-  7B-parameter model can be "measured" on a laptop without allocating its memory.
-* :func:`tracked_steps` — the loop itself, for reuse inside a distributed rank (chapters 2-3)
-  on a DDP / FSDP2-wrapped model with another tracker (e.g. ``FSDPMemTracker``).
-* :func:`measure_inference` — one forward under ``torch.no_grad()``, for comparison.
+Real training steps run under ``torch.distributed._tools.mem_tracker.MemTracker``, which sees
+every tensor storage created and freed and files it under params, buffers, grads, optimizer
+states, activations (created in forward) or temporaries (created in backward). No byte count
+here comes from a formula: those live in :mod:`course_lib.memory.predict`, compared with these.
+:func:`measure_step` is the entry point (``fake=True``: the same steps on fake tensors, a 7B
+model on a laptop); :func:`tracked_steps` the loop, reused inside distributed ranks with another
+tracker (e.g. ``FSDPMemTracker``); :func:`measure_inference` one forward under ``no_grad``.
 """
 from __future__ import annotations
 
@@ -49,15 +44,9 @@ class _NoHook:
 
 
 class GlobalMemTracker(MemTracker):
-    """``MemTracker`` that keeps only the global "current" and "peak" snapshots, and that
-    accepts frozen parameters.
-
-    The stock tracker also updates a per-module peak for every module after every operator,
-    which made a fake 7B step take ~55 s instead of ~10 s; chapter 1 reads only global snapshots.
-    It also registers a gradient hook on *every* parameter before each module's forward, which
-    fails on frozen ones in torch 2.13 ("cannot register a hook on a tensor that doesn't require
-    gradient") — e.g. LoRA's frozen base (chapter 7). A frozen parameter never gets a gradient,
-    so it gets a do-nothing handle instead of a hook; it is still counted under params.
+    """``MemTracker`` that keeps only the global "current" and "peak" snapshots (much faster:
+    chapter 01 reads only those), and that gives a frozen parameter a do-nothing gradient-hook
+    handle instead of a hook (it never gets a gradient; it still counts under params).
     """
 
     def _track_module_params_and_buffers(self, module: nn.Module,
