@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from course_lib.common.dtypes import BF16, BOOL, FP32, FP64
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.deepspeed.load import _import_deepspeed
 
@@ -180,27 +181,28 @@ def predict_deepspeed(shapes: Sequence[tuple[int, ...]], stage: int, world: int,
         raise ValueError(f"moment must be 'step', 'backward' or 'accumulate', got {moment!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
-    w = 4 if precision == "fp32" else 2
+    w = FP32 if precision == "fp32" else BF16
     numels = [math.prod(s) for s in shapes]
     total = sum(numels)
     backward = moment != "step"
     if stage == 0:
         out = {"params": w * total, "grads": w * total if backward else 0,
-               "master": 0 if precision == "fp32" else 4 * total,
-               "optimizer": 8 * total + 4 * len(shapes), "buckets": 0, "other": 0}
+               "master": 0 if precision == "fp32" else FP32 * total,
+               "optimizer": 2 * FP32 * total + FP32 * len(shapes), "buckets": 0, "other": 0}
     elif stage in (1, 2):
         align = flat_alignment(world)
         part = -(-total // align) * align // world
         padded = numels + [part * world - total]  # the padding is a tensor of its own at the end
         grads = w * _partition_params(padded, rank, part) if backward else 0
-        out = {"params": w * part * world, "grads": grads, "master": 4 * part,
-               "optimizer": 8 * part + 4, "buckets": 0, "other": 4}
+        out = {"params": w * part * world, "grads": grads, "master": FP32 * part,
+               "optimizer": 2 * FP32 * part + FP32, "buckets": 0, "other": FP32}
         if stage == 1 and moment == "accumulate":
             out.update(grads=w * total, buckets=w * bucket_elements)
     else:
         part = sum(-(-n // world) for n in numels)
-        out = {"params": w * part, "grads": w * part, "master": 4 * part,
-               "optimizer": 8 * part + 4, "buckets": w * bucket_elements, "other": 8 + 1}
+        out = {"params": w * part, "grads": w * part, "master": FP32 * part,
+               "optimizer": 2 * FP32 * part + FP32, "buckets": w * bucket_elements,
+               "other": FP64 + BOOL}  # the grad norm, the inf/nan flag
     out["model_states"] = sum(out[c] for c in CATEGORIES)
     return out
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.dtypes import FP32
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config
 
@@ -136,8 +137,9 @@ def lora_state_bytes(frozen_weight_bytes: int, n_adapter: int, n_adapter_tensors
     adapter parameter only; ``optimizer`` = ``optimizer_states`` × 4 B per adapter parameter + a
     4-byte Adam ``step`` per adapter tensor.
     """
-    out = {"params": frozen_weight_bytes + 4 * n_adapter, "grads": 4 * n_adapter,
-           "optimizer": 4 * optimizer_states * n_adapter + 4 * n_adapter_tensors * (optimizer_states > 0)}
+    out = {"params": frozen_weight_bytes + FP32 * n_adapter, "grads": FP32 * n_adapter,
+           "optimizer": FP32 * optimizer_states * n_adapter
+           + FP32 * n_adapter_tensors * (optimizer_states > 0)}
     return {**out, "model_states": sum(out.values())}
 
 

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from course_lib.common.checks import batch_shape
+from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
@@ -238,7 +239,7 @@ def _autocast(precision: str) -> torch.dtype | None:
 def _flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
     """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
     b, s = shape[0], shape[1]
-    return (predict.activation_bytes(config, b, s, precision) + 2 * 4 * b * s * config.vocab_size
+    return (predict.activation_bytes(config, b, s, precision) + 2 * FP32 * b * s * config.vocab_size
             + predict.batch_bytes(b, s))
 
 
