@@ -1,6 +1,6 @@
 """``RankError`` (a rank of :func:`course_lib.run` failed) and how it shows: one line first.
 
-The message is the one-line summary when :mod:`._diagnose` recognised the failure, the rank's
+The message is the one-line summary when :mod:`course_lib.launcher._diagnose` recognised the failure, the rank's
 exception and traceback, then the raw dump a dying process wrote (gloo's ``EnforceNotMet``,
 "Fatal Python error", thread dumps), which the launcher held back instead of streaming it.
 :meth:`RankError.view` is the same as a display object: plain text in a terminal, and in a

@@ -7,7 +7,7 @@ rank imports torch again. Here ranks are forked from a warm fork server with tor
 a file store in a private directory, each rank's output streams live into the cell as
 ``[rank r]``, and a failing rank, a timeout or an interrupt ends every rank (a dying parent takes
 its ranks with it through a lifeline pipe, :mod:`course_lib.launcher._worker`). Chapter 00
-introduces it; for scripts and multi-node command lines see :mod:`course_lib.torchrun`.
+introduces it; for scripts and multi-node command lines see :func:`course_lib.torchrun`.
 """
 from __future__ import annotations
 
