@@ -34,7 +34,7 @@ for _module, _names in {
     "data_parallel.buckets": ["DDPByHand"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
-    "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
+    "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank", "train_rank_sharded"],
     "sharding.comm_counter": ["CommCounter"],
     "sharding.zero_by_hand": ["ShardedOptimizer"],
     "sharding.fsdp_by_hand": ["FSDPByHand"],

@@ -34,7 +34,7 @@ from course_lib.fault_tolerance.manifest import (COMMITTED, FORMAT, MANIFEST, Ch
                                                  checkpoint_name, checkpoint_status,
                                                  complete_checkpoints, file_sha256,
                                                  latest_checkpoint, log, verify_checkpoint)
-from course_lib.fault_tolerance.safe_files import check_record, label, read_in_folder
+from course_lib.fault_tolerance.safe_files import validate_record, label, read_in_folder
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "resume_latest", "checkpoint_status", "verify_checkpoint", "checkpoint_name",
@@ -140,7 +140,7 @@ def _prune(root: Path, keep: int, newest: int) -> None:
 def _rank_state(path: Path, rank: int) -> dict:
     """This rank's saved RNG states, read as data and checked before anything is set."""
     data = read_in_folder(path, f"rank{rank}.pt", 1 << 20)
-    check_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
+    validate_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
     try:
         extra = torch.load(io.BytesIO(data), weights_only=True)
         torch_rng, python_rng = extra["torch_rng"], _as_state(extra["python_rng"])

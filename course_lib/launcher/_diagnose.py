@@ -24,7 +24,7 @@ PEER_WAIT_S = 1.0   # a rank that lost its peer: this long to see whether the pe
 _LAUNCHER = os.path.dirname(os.path.abspath(__file__))
 
 
-def check_debug(debug: str | None) -> str | None:
+def validate_debug(debug: str | None) -> str | None:
     """``debug`` lower-cased if it is ``None`` or one of :data:`LEVELS`; a ValueError otherwise."""
     if debug is None:
         return None
@@ -32,6 +32,9 @@ def check_debug(debug: str | None) -> str | None:
         raise ValueError(f"debug must be None or one of {list(LEVELS)} (torch.distributed's "
                          f"TORCH_DISTRIBUTED_DEBUG levels), got {debug!r}")
     return debug.lower()
+
+
+check_debug = validate_debug  # its name before issue 32 (check_* now means a grader)
 
 
 def apply_debug(level: str | None) -> None:

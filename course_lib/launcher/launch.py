@@ -116,8 +116,8 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     start = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    devices.check_timeout(timeout)
-    level = _diagnose.check_debug(debug)
+    devices.validate_timeout(timeout)
+    level = _diagnose.validate_debug(debug)
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
