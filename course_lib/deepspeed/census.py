@@ -1,28 +1,13 @@
 """Where a DeepSpeed rank's model-state bytes live — counted from its tensors, next to formulas.
 
-Chapter 08 (``08_deepspeed_and_megatron``) trains the course GPT with DeepSpeed ZeRO stages 0-3
-and asks of each rank: how many bytes of parameters, gradients, master weights and optimizer
-states does it hold? Three answers are put side by side:
-
-* **measured** — :func:`census`: walk the tensors the DeepSpeed engine actually holds (the
-  module's parameters and their ``ds_tensor`` partitions, the ZeRO optimizer's flat buffers, the
-  wrapped torch optimizer's states) and add up their *storages*, each counted once. Parameters
-  of stage 1/2 are *views* into one flat buffer: counting storages (not tensors) counts it
-  once, padding included. Chapter 1's ``MemTracker`` is not used here: it misfiles DeepSpeed's
-  flat buffers (a reduced-gradient buffer as a temporary of backward; ZeRO-3's ``ds_tensor``
-  partitions, which are not module parameters, not as parameters at all).
-* **the course's prediction** — :func:`predict_deepspeed`: from the parameter shapes alone, with
-  DeepSpeed's layout rules (flat buffers padded to a multiple of ``2·N`` elements, a fp32 master
-  copy even in fp32 training, one Adam ``step`` per flat group, ZeRO-3 partitions of
-  ``ceil(numel/N)`` per tensor), in fp32 or with the config's ``bf16`` section (16-bit weights,
-  gradients and buckets; fp32 master weights and Adam moments: the paper's 2 + 2 + 12).
-* **DeepSpeed's own estimate** — :func:`deepspeed_estimate`: its non-printing
-  ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``
-  (what the ``*_all_live`` helpers print), which assume fp16/bf16 mixed precision: 2 B of 16-bit
-  weights per parameter plus 18 B/param divided among the ranks (16-bit and fp32 grads, fp32
-  master weights, Adam's two fp32 moments), plus ``4·largest layer`` for ZeRO-3's gathered
-  layer. Their ``additional_buffer_factor=1.5`` multiplies only the *CPU* figure (host memory to
-  load the model), not the per-GPU one; neither counts activations or communication buckets.
+Chapter 08 trains the course GPT with DeepSpeed ZeRO stages 0-3 and puts three answers side by
+side per rank: **measured**, :func:`census` (the storages of the tensors the engine holds —
+parameters and their ``ds_tensor`` partitions, the ZeRO optimizer's flat buffers, the torch
+optimizer's states — each storage once, padding included); **predicted**,
+:func:`predict_deepspeed` (from the shapes, with DeepSpeed's layout rules, in fp32 or bf16); and
+**DeepSpeed's own estimate**, :func:`deepspeed_estimate` (its ZeRO-2 and ZeRO-3
+``estimate_*_model_states_mem_needs``, which assume 16-bit mixed precision). Why not chapter 01's tracker, the layout
+rules and what DeepSpeed's estimate leaves out: docs/decisions.md (deepspeed/census.py).
 """
 from __future__ import annotations
 
