@@ -135,7 +135,8 @@ def culprit(state, ranks: list, sel, wait: float = PEER_WAIT_S):
     end = time.monotonic() + wait
     while True:
         dead = [r for r in ranks if r is not state and (
-            (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
+            r.dump  # it has begun writing an abort dump: it is dying
+            or (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
             or (r.outcome and r.outcome[0] == "error" and not _PEER_GONE.search(r.outcome[2])))]
         if dead or time.monotonic() >= end:
             return dead[0] if dead else state
