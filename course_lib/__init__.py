@@ -36,7 +36,7 @@ for _module, _names in {
     "data_parallel.overlap": ["measure_overlap"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
-    "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank"],
+    "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank", "train_rank_sharded"],
     "sharding.comm_counter": ["CommCounter"],
     "sharding.zero_by_hand": ["ShardedOptimizer"],
     "sharding.fsdp_by_hand": ["FSDPByHand"],
@@ -73,6 +73,7 @@ for _module, _names in {
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
+    "debugging.oom": ["BudgetTracker", "OverBudget"],
     # every chapter: what each rank did, when (issue 36)
     "common.timeline": ["Timeline", "Span", "chrome_trace", "save_chrome_trace"],
     "common.show": ["plot_timeline"],

@@ -26,11 +26,16 @@ TODO = ...
 
 @dataclass(frozen=True)
 class Feedback:
-    """The outcome of one check: ``passed`` and a one-line message without the solution."""
+    """The outcome of one check: ``passed`` and a one-line message without the solution.
+
+    ``details``: the raw output of a rank that died in the learner's code, shown below the line
+    (folded behind a toggle in a notebook).
+    """
 
     passed: bool
     message: str
     name: str = "exercise"
+    details: str = ""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -43,18 +48,29 @@ class Feedback:
             return "TO DO", "#6e7781", self.message[len(_UNANSWERED):].lstrip(": ")
         return "NOT YET", "#cf222e", self.message
 
-    def __repr__(self) -> str:
+    def _line(self) -> str:
         mark, _, message = self._parts()
         return f"[{self.name}] {mark}: {message}"
+
+    def _folded(self):
+        from course_lib.launcher._rank_error import Folded
+        return Folded(self._line(), self.details, "raw output of the rank that died")
+
+    def __repr__(self) -> str:
+        return repr(self._folded())
 
     __str__ = __repr__
 
     def _repr_html_(self) -> str:
+        """A coloured badge with the line; a rank's raw output folded below it, if any."""
         import html
         mark, colour, message = self._parts()
-        return (f'<div class="course-feedback"><span style="background:{colour};color:#fff;'
-                f'font-weight:bold;padding:0 0.4em;border-radius:3px">{mark}</span> '
-                f'<code>{html.escape(self.name)}</code> {html.escape(message)}</div>')
+        badge = (f'<div class="course-feedback"><span style="background:{colour};color:#fff;'
+                 f'font-weight:bold;padding:0 0.4em;border-radius:3px">{mark}</span> '
+                 f'<code>{html.escape(self.name)}</code> {html.escape(message)}</div>')
+        if not self.details:
+            return badge
+        return badge + self._folded()._repr_html_().split("</pre>", 1)[1]
 
 
 _UNANSWERED = "not answered yet"
@@ -136,6 +152,10 @@ def check_true(run: Callable[[], tuple[bool, str]], *, name: str = "exercise") -
             return Feedback(False, "not answered yet: your function still raises "
                                    "NotImplementedError.", name)
         where = f" on rank {err.rank}" if hasattr(err, "rank") else ""
+        if getattr(err, "summary", None):  # a recognised crash: its one line, the dump folded
+            return Feedback(False, f"your code failed: {err.summary}", name,
+                            getattr(err, "raw", ""))
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return Feedback(False, f"your code raised {kind}{where}: {first}", name)
+        return Feedback(False, f"your code raised {kind}{where}: {first}", name,
+                        getattr(err, "raw", ""))
     return Feedback(bool(passed), message, name)

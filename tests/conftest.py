@@ -21,6 +21,7 @@ CLOCK = (
     "tests/launcher/test_launch_children.py",
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
+    "tests/launcher/test_rank_error.py",
     "tests/launcher/test_torchrun.py",
     "tests/launcher/test_torchrun_store.py",
     "tests/launcher/test_warm_start.py",

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from course_lib.capstone.train import rank_entry
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
-from course_lib.composition.layouts import check_layout, predict_gpt_bytes, predict_pp_bytes
+from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, validate_layout
 from course_lib.fault_tolerance.training import Fault
 from course_lib.launcher.launch import run
 
@@ -43,7 +43,7 @@ def check_run(layout: object, preset: str | GPTConfig, steps: object, batch_size
     """The layout and config, or a ``ValueError`` saying what to change (no process started)."""
     config = get_config(preset)
     if layout != {}:
-        layout = check_layout(layout, config)
+        layout = validate_layout(layout, config)
         if not set(layout) <= _DIMS:
             raise ValueError(f"layout {layout}: train_gpt trains the dense GPT on the dimensions "
                              f"{sorted(_DIMS)}; chapter 09 runs 'ep' and 'cp' on their own")

@@ -132,7 +132,7 @@ def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
         raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
-    devices.check_timeout(timeout)
+    devices.validate_timeout(timeout)
 
 
 def _env(threads: int, extra: dict | None = None) -> dict:

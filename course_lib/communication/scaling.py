@@ -1,30 +1,14 @@
-"""DDP step time against world size: strong and weak scaling, compute vs communication (chapter 5).
+"""DDP step time against world size: strong and weak scaling, compute vs communication (chapter 05).
 
-Each world size runs on real processes through :func:`course_lib.run`, with torch's
-``DistributedDataParallel`` around :class:`course_lib.common.models.MLP`. Every rank measures three
-things (medians over ``steps``; the slowest rank counts):
-
-* ``step_s``: a normal DDP step (forward, backward with bucketed all-reduces, SGD update);
-* ``compute_s``: the same step inside ``ddp.no_sync()`` — no gradient all-reduce at all;
-* ``allreduce_s``: ``dist.all_reduce`` of one buffer as large as all gradients, alone.
-
-``comm_s = step_s - compute_s`` is the communication the step could *not* hide behind backward
-(DDP starts each bucket's all-reduce as soon as its gradients are ready). With
-``allreduce_s`` it shows how much overlap bought. Beside the wall time of the compute-only step,
-each rank measures the CPU time its process used (``compute_cpu_s``, ``time.process_time``):
-with ``threads`` busy threads a rank that always had its cores uses ``threads × wall`` of CPU, so
-``core_wait_s = compute_s - compute_cpu_s / threads`` is time spent waiting for a core —
-contention, not communication (there is none in that step). ``pin=True`` gives every rank its
-own cores (``os.sched_setaffinity``) so the operating system cannot stack two ranks on one core.
-
-* **strong scaling**: the global batch is fixed and split over ``p`` ranks; ideal step time is
-  ``T(1)/p``; ``speedup = T(1)/T(p)``, ``efficiency = speedup/p``;
-* **weak scaling**: the per-rank batch is fixed (the global batch grows with ``p``); ideal
-  step time stays ``T(1)``; ``efficiency = T(1)/T(p)``, ``speedup = p·efficiency`` (throughput).
-
-Honest about the hardware: ranks get ``cores // p`` threads (at least 1), so on the course's
-2-core machine 1 rank computes with 2 threads, 2 ranks with 1 each, and 4 ranks *share* the two
-cores. Beyond 2 ranks nothing is gained in compute here; only GPUs (one per rank) add compute.
+Each world size runs on real ranks (:func:`course_lib.run`) with DDP around the course MLP; every
+rank measures (medians, the slowest rank counts) ``step_s`` (a normal step), ``compute_s`` (the
+same inside ``no_sync()``: no all-reduce), ``allreduce_s`` (one all-reduce as large as all
+gradients) and ``compute_cpu_s`` (``time.process_time``). ``comm_s = step_s - compute_s`` is the
+communication backward could not hide; ``core_wait_s = compute_s - compute_cpu_s / threads`` is
+time spent waiting for a core (contention, not communication). ``pin=True`` gives every rank its
+own cores. Strong scaling fixes the global batch (ideal ``T(1)/p``), weak scaling the per-rank
+batch (ideal ``T(1)``). Ranks get ``cores // p`` threads (at least 1): on 2 cores, 4 ranks share
+them. The formulas and what the hardware allows: docs/decisions.md (communication/scaling.py).
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from course_lib.common.models import GPTConfig
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 from course_lib.tensor_parallel.layers import tp_plan
 
-__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "KNOWN", "RUN_KNOWN", "check_layout", "tp_shapes", "tp_named_shapes",
+__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "KNOWN", "RUN_KNOWN", "validate_layout", "check_layout",
+           "tp_shapes", "tp_named_shapes",
            "predict_gpt_bytes", "predict_pp_bytes",
            "moe_shapes", "predict_moe_bytes"]
 
@@ -32,7 +33,7 @@ RUN_KNOWN = ("dp",) + KNOWN
 MOE = {"d_model": 32, "n_experts": 4, "hidden": 64, "top_k": 2}
 
 
-def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
+def validate_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     """Return the layout as a dict, or raise a ``ValueError`` saying what is wrong with it."""
     if not isinstance(layout, dict) or not layout:
         raise ValueError(f"layout must be a non-empty dict of mesh dimension -> size, got {layout!r}")
@@ -64,6 +65,9 @@ def check_layout(layout: object, config: GPTConfig) -> dict[str, int]:
     if MOE["n_experts"] % ep:
         raise ValueError(f"ep={ep} must divide the {MOE['n_experts']} experts")
     return dict(layout)
+
+
+check_layout = validate_layout  # its name before issue 32 (check_* now means a grader)
 
 
 class _ShapesOnly(TorchFunctionMode):

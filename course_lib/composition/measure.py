@@ -21,7 +21,7 @@ from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import local_bytes, state_bytes, train_2d
 from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
                                            cp_predicted_bytes)
-from course_lib.composition.layouts import (MOE, check_layout, predict_gpt_bytes,
+from course_lib.composition.layouts import (MOE, validate_layout, predict_gpt_bytes,
                                            predict_moe_bytes, predict_pp_bytes)
 from course_lib.composition.moe import MoE, ep_forward
 from course_lib.composition.pipeline import train_pp
@@ -147,7 +147,7 @@ def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2
     model_states); ``{"ep": n}`` adds ``tokens_per_expert`` and ``all_to_all_bytes``.
     """
     config = get_config(preset)
-    layout = check_layout(layout, config)
+    layout = validate_layout(layout, config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     world = math.prod(layout.values())

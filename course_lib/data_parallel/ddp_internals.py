@@ -1,35 +1,14 @@
-"""What torch's DDP really does in a step: buckets, overlap, bytes, memory (chapter 2).
+"""What torch's DDP really does in a step: buckets, overlap, bytes, memory (chapter 02).
 
-``DistributedDataParallel`` does not all-reduce gradient by gradient. It packs them into
-**buckets** of about ``bucket_cap_mb`` MiB (25 by default) and launches a bucket's all-reduce as
-soon as its last gradient is ready, *while backward keeps computing the earlier layers*:
-communication overlaps computation. After the first iteration DDP rebuilds the buckets in the
-order backward really produced the gradients (last layer first); with the default cap the first
-bucket is kept small (1 MiB), so communication starts early.
-
-:func:`measure_dp` runs real DDP steps on ``world`` ranks and measures, on every rank:
-
-* each bucket, seen by a **communication hook** (:func:`recording_allreduce_hook`) that notes its
-  size and when it became ready, then calls torch's default ``allreduce_hook`` — so DDP behaves
-  exactly as without it. The bucket sizes add up to the **payload** ``Ψ`` gradients × 4 bytes;
-* the bytes this process **wrote to its sockets** during a step (``wchar`` of
-  ``/proc/self/io``, Linux): what gloo's ring all-reduce really sent, to compare with
-  ``2·(N−1)/N · 4Ψ`` (:func:`expected_bytes`) — every byte leaves a rank twice, once in the
-  reduce-scatter half and once in the all-gather half (chapter 5 writes that ring by hand);
-* memory with chapter 1's :func:`course_lib.memory.tracker.tracked_steps`: DDP keeps its buckets
-  (another ``4Ψ``, filed as activations since DDP builds them in forward) *beside* ``.grad``
-  unless ``gradient_as_bucket_view=True`` makes the gradients views into the buckets;
-* the step time (median of the timed steps).
-
-These runs use gloo on the CPU even where GPUs exist: socket bytes are gloo's (NCCL moves GPU
-memory through its own channels, which ``/proc`` does not see), and the memory tracker's
-byte counts are exact there. Chapter 3 measures the same strategy on GPUs.
-
-:func:`compare_accumulation` checks ``no_sync()``: accumulating ``k`` micro-batches without
-communication and syncing on the last equals one bigger batch, with ``1/k`` of the bytes.
-:func:`bucket_overhead` measures DDP's buckets beside ``.grad`` (``4Ψ``), :func:`fits_per_world`
-answers "does it fit?" from measured per-rank bytes (not with more ranks: sharding, chapter 3,
-changes that) and :func:`dp_explorer` is the widget's real run (world size, model, local batch).
+DDP packs gradients into buckets of about ``bucket_cap_mb`` MiB and all-reduces a bucket as soon
+as its last gradient is ready, while backward goes on. :func:`measure_dp` runs real DDP steps on
+gloo ranks and measures, per rank: each bucket (a communication hook,
+:func:`recording_allreduce_hook`, that records it, then calls torch's ``allreduce_hook``), the
+bytes written to sockets (``wchar`` of ``/proc/self/io``, beside :func:`expected_bytes`), memory
+with chapter 01's tracker, and the step time. :func:`compare_accumulation` checks ``no_sync()``,
+:func:`bucket_overhead` measures the buckets beside ``.grad``, :func:`fits_per_world` answers
+"does it fit?" from measured bytes, :func:`dp_explorer` is the widget's run. What each number
+means and why gloo on the CPU: docs/decisions.md (data_parallel/ddp_internals.py).
 """
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
 # (``bucket: dist.GradBucket``, returns ``torch.futures.Future[torch.Tensor]``).

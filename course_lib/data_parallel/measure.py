@@ -2,7 +2,7 @@
 
 * :func:`compare_ddp` — DP by hand (:mod:`course_lib.data_parallel.by_hand`, or the notebook's
   own functions), torch's ``DistributedDataParallel`` and one process on the concatenated batch,
-  after the same SGD steps (:func:`train_rank`, :func:`train_single`);
+  after the same SGD steps (:func:`train_rank_dp`, :func:`train_single`);
 * :mod:`course_lib.data_parallel.measure_buckets` does the same for
   :class:`~course_lib.data_parallel.buckets.DDPByHand` (this file would pass 300 lines).
 """
@@ -23,8 +23,8 @@ from course_lib.data_parallel.by_hand import average_gradients, broadcast_parame
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
-__all__ = ["TOLERANCE", "max_diff", "train_steps", "train_single", "train_rank", "DDPComparison",
-           "compare_ddp"]
+__all__ = ["TOLERANCE", "max_diff", "train_steps", "train_single", "train_rank_dp", "train_rank",
+           "DDPComparison", "compare_ddp"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -78,10 +78,10 @@ def train_single(steps: int = 3, global_batch: int = 8, seq_len: int = 32, *, lr
     return _params(model), losses
 
 
-def train_rank(mode: str, steps: int, local_batch: int, seq_len: int, lr: float, seed: int,
-               preset: str, sync: Callable[[nn.Module], None] | None = None,
-               shard: bool = True, broadcast: Callable[[nn.Module], None] | None = None
-               ) -> tuple[dict[str, torch.Tensor], list[float]]:
+def train_rank_dp(mode: str, steps: int, local_batch: int, seq_len: int, lr: float, seed: int,
+                  preset: str, sync: Callable[[nn.Module], None] | None = None,
+                  shard: bool = True, broadcast: Callable[[nn.Module], None] | None = None
+                  ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """On one rank: train with DP ``"hand"`` (the four steps of ``by_hand``) or ``"torch"`` (DDP).
 
     ``sync``/``broadcast`` replace ``average_gradients``/``broadcast_parameters`` in hand mode
@@ -105,6 +105,9 @@ def train_rank(mode: str, steps: int, local_batch: int, seq_len: int, lr: float,
 
     losses = train_steps(model, my_shard, steps, lr=lr, sync=sync)   # 4. same step
     return _params(model), losses
+
+
+train_rank = train_rank_dp  # its name before issue 32 (scripts and old notebooks)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class DDPComparison:
 
 def _both_modes(steps, local_batch, seq_len, lr, seed, preset, sync=None, broadcast=None):
     """On each rank: hand DP, then torch DDP; rank 0 also trains the one-process reference."""
-    out = {mode: train_rank(mode, steps, local_batch, seq_len, lr, seed, preset, sync=sync,
+    out = {mode: train_rank_dp(mode, steps, local_batch, seq_len, lr, seed, preset, sync=sync,
                             broadcast=broadcast) for mode in ("hand", "torch")}
     if dist.get_rank() == 0:
         out["single"] = train_single(steps, local_batch * dist.get_world_size(), seq_len, lr=lr,

@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler
 
 from course_lib.common.checks import is_int, positive_int
 from course_lib.data_parallel.by_hand import average_gradients
-from course_lib.data_parallel.measure import max_diff, train_rank, train_single
+from course_lib.data_parallel.measure import max_diff, train_rank_dp, train_single
 from course_lib.launcher.launch import run
 
 __all__ = ["sampler_shards", "MISTAKES", "MistakeResult", "what_breaks", "format_mistakes"]
@@ -76,7 +76,7 @@ class MistakeResult:
 
 def _mistake_rank(steps: int, local_batch: int, seq_len: int, lr: float, seed: int, preset: str):
     """Every variant on every rank; rank 0 also trains the one-process references."""
-    out = {name: train_rank("hand", steps, local_batch, seq_len, lr, seed, preset, sync=sync,
+    out = {name: train_rank_dp("hand", steps, local_batch, seq_len, lr, seed, preset, sync=sync,
                             shard=shard)[0] for name, (sync, shard) in MISTAKES.items()}
     if dist.get_rank() == 0:
         world = dist.get_world_size()

@@ -1,28 +1,13 @@
 """Where a DeepSpeed rank's model-state bytes live — counted from its tensors, next to formulas.
 
-Chapter 08 (``08_deepspeed_and_megatron``) trains the course GPT with DeepSpeed ZeRO stages 0-3
-and asks of each rank: how many bytes of parameters, gradients, master weights and optimizer
-states does it hold? Three answers are put side by side:
-
-* **measured** — :func:`census`: walk the tensors the DeepSpeed engine actually holds (the
-  module's parameters and their ``ds_tensor`` partitions, the ZeRO optimizer's flat buffers, the
-  wrapped torch optimizer's states) and add up their *storages*, each counted once. Parameters
-  of stage 1/2 are *views* into one flat buffer: counting storages (not tensors) counts it
-  once, padding included. Chapter 1's ``MemTracker`` is not used here: it misfiles DeepSpeed's
-  flat buffers (a reduced-gradient buffer as a temporary of backward; ZeRO-3's ``ds_tensor``
-  partitions, which are not module parameters, not as parameters at all).
-* **the course's prediction** — :func:`predict_deepspeed`: from the parameter shapes alone, with
-  DeepSpeed's layout rules (flat buffers padded to a multiple of ``2·N`` elements, a fp32 master
-  copy even in fp32 training, one Adam ``step`` per flat group, ZeRO-3 partitions of
-  ``ceil(numel/N)`` per tensor), in fp32 or with the config's ``bf16`` section (16-bit weights,
-  gradients and buckets; fp32 master weights and Adam moments: the paper's 2 + 2 + 12).
-* **DeepSpeed's own estimate** — :func:`deepspeed_estimate`: its non-printing
-  ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``
-  (what the ``*_all_live`` helpers print), which assume fp16/bf16 mixed precision: 2 B of 16-bit
-  weights per parameter plus 18 B/param divided among the ranks (16-bit and fp32 grads, fp32
-  master weights, Adam's two fp32 moments), plus ``4·largest layer`` for ZeRO-3's gathered
-  layer. Their ``additional_buffer_factor=1.5`` multiplies only the *CPU* figure (host memory to
-  load the model), not the per-GPU one; neither counts activations or communication buckets.
+Chapter 08 trains the course GPT with DeepSpeed ZeRO stages 0-3 and puts three answers side by
+side per rank: **measured**, :func:`census` (the storages of the tensors the engine holds —
+parameters and their ``ds_tensor`` partitions, the ZeRO optimizer's flat buffers, the torch
+optimizer's states — each storage once, padding included); **predicted**,
+:func:`predict_deepspeed` (from the shapes, with DeepSpeed's layout rules, in fp32 or bf16); and
+**DeepSpeed's own estimate**, :func:`deepspeed_estimate` (its ZeRO-2 and ZeRO-3
+``estimate_*_model_states_mem_needs``, which assume 16-bit mixed precision). Why not chapter 01's tracker, the layout
+rules and what DeepSpeed's estimate leaves out: docs/decisions.md (deepspeed/census.py).
 """
 from __future__ import annotations
 
@@ -32,6 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from course_lib.common.dtypes import BF16, BOOL, FP32, FP64
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.deepspeed.load import _import_deepspeed
 
@@ -180,27 +166,28 @@ def predict_deepspeed(shapes: Sequence[tuple[int, ...]], stage: int, world: int,
         raise ValueError(f"moment must be 'step', 'backward' or 'accumulate', got {moment!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
-    w = 4 if precision == "fp32" else 2
+    w = FP32 if precision == "fp32" else BF16
     numels = [math.prod(s) for s in shapes]
     total = sum(numels)
     backward = moment != "step"
     if stage == 0:
         out = {"params": w * total, "grads": w * total if backward else 0,
-               "master": 0 if precision == "fp32" else 4 * total,
-               "optimizer": 8 * total + 4 * len(shapes), "buckets": 0, "other": 0}
+               "master": 0 if precision == "fp32" else FP32 * total,
+               "optimizer": 2 * FP32 * total + FP32 * len(shapes), "buckets": 0, "other": 0}
     elif stage in (1, 2):
         align = flat_alignment(world)
         part = -(-total // align) * align // world
         padded = numels + [part * world - total]  # the padding is a tensor of its own at the end
         grads = w * _partition_params(padded, rank, part) if backward else 0
-        out = {"params": w * part * world, "grads": grads, "master": 4 * part,
-               "optimizer": 8 * part + 4, "buckets": 0, "other": 4}
+        out = {"params": w * part * world, "grads": grads, "master": FP32 * part,
+               "optimizer": 2 * FP32 * part + FP32, "buckets": 0, "other": FP32}
         if stage == 1 and moment == "accumulate":
             out.update(grads=w * total, buckets=w * bucket_elements)
     else:
         part = sum(-(-n // world) for n in numels)
-        out = {"params": w * part, "grads": w * part, "master": 4 * part,
-               "optimizer": 8 * part + 4, "buckets": w * bucket_elements, "other": 8 + 1}
+        out = {"params": w * part, "grads": w * part, "master": FP32 * part,
+               "optimizer": 2 * FP32 * part + FP32, "buckets": w * bucket_elements,
+               "other": FP64 + BOOL}  # the grad norm, the inf/nan flag
     out["model_states"] = sum(out[c] for c in CATEGORIES)
     return out
 

@@ -27,7 +27,7 @@ from course_lib.deepspeed.config import STAGES, deepspeed_config
 from course_lib.deepspeed.load import deepspeed_status, load_deepspeed
 from course_lib.launcher.launch import run
 from course_lib.sharding.formulas import STAGES as TORCH_STAGES
-from course_lib.sharding.strategies import train_rank
+from course_lib.sharding.strategies import train_rank_sharded
 
 __all__ = ["deepspeed_config", "deepspeed_status", "load_deepspeed", "train_rank_deepspeed",
            "run_deepspeed", "train_rank_torch", "run_zero_stages", "STAGES"]
@@ -79,14 +79,14 @@ def train_rank_torch(stages: Sequence[int] = STAGES, config: GPTConfig | str = "
     memory = measure_torch(get_config(config), batch, seed, stages)
     out: dict = {"world_size": dist.get_world_size(), "rank": dist.get_rank()}
     for stage in stages:
-        trained = train_rank(config, names[stage], steps=steps, batch=batch, lr=lr, seed=seed)
+        trained = train_rank_sharded(config, names[stage], steps=steps, batch=batch, lr=lr, seed=seed)
         m = memory[stage]
         after = {"params": m["params"], "grads": m["grads"], "master": 0,
                  "optimizer": m["optimizer"], "buckets": 0, "other": 0,
                  "model_states": m["model_states"]}
         out[stage] = {**trained, "after_backward": None, "after_step": after,
                       "optimizer": names[stage]}
-    out["ddp"] = train_rank(config, "ddp", steps=steps, batch=batch, lr=lr, seed=seed)
+    out["ddp"] = train_rank_sharded(config, "ddp", steps=steps, batch=batch, lr=lr, seed=seed)
     out["torch"] = memory
     return out
 

@@ -24,7 +24,7 @@ from course_lib.deepspeed.load import load_deepspeed
 from course_lib.deepspeed.loop import train_deepspeed
 from course_lib.sharding.formulas import STAGES as TORCH_STAGES
 from course_lib.sharding.rank_measure import measure_rank
-from course_lib.sharding.strategies import train_rank
+from course_lib.sharding.strategies import train_rank_sharded
 
 try:
     load_deepspeed()
@@ -95,7 +95,7 @@ def train_rank_deepspeed(stages: Sequence[int] = STAGES, config: GPTConfig | str
         seconds[f"stage {stage}"] = time.perf_counter() - start
     start = time.perf_counter()
     if reference:
-        out["ddp"] = train_rank(config, "ddp", steps=steps, batch=batch, lr=lr, seed=seed)
+        out["ddp"] = train_rank_sharded(config, "ddp", steps=steps, batch=batch, lr=lr, seed=seed)
     seconds["ddp"] = time.perf_counter() - start
     start = time.perf_counter()
     if torch_memory:

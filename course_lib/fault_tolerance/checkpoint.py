@@ -1,25 +1,14 @@
 """Sharded checkpoints that are either complete or ignored: save, pick the latest, resume.
 
-Chapter 6 (``06_fault_tolerance``). Each rank of an FSDP2 (``fully_shard``) model writes only
-its own shards with DCP (:mod:`torch.distributed.checkpoint`); a checkpoint of step ``s`` is
-
-    root/step_00000s/   .metadata, __0_0.distcp, __1_0.distcp   (DCP: model + optimizer shards)
-                        rank0.pt, rank1.pt                       (per rank: RNG states)
-                        manifest.json                            (the commit marker, written last)
-    root/latest                                                  ("step_00000s", a hint)
-
-The commit protocol is chapter 6's (:mod:`course_lib.fault_tolerance.commit`): every rank writes
-into a fresh ``step_00000s.tmp``; a barrier; rank 0 writes the manifest (step, world size,
-shapes, every file's size and SHA-256; :mod:`course_lib.fault_tolerance.manifest`) last, then
-renames the directory. Loading reshards (saved by 2 ranks, loaded by 4 or 1); per-rank RNG states
-are restored only at the same world size, else reseeded from (step, rank).
-
-Trust boundary: a checkpoint is data, never code, and reading one reaches nothing outside its
-folder (:mod:`course_lib.fault_tolerance.checkpoint_safe`). ``load_checkpoint`` checks all it can
-before touching the model (manifest, checksums, metadata, shapes, RNG files; all ranks agree),
-and if reading the shards fails anyway, it puts the model and optimizer back as they were. A save
-refuses a root another user owns or can write to: whoever can write there can swap files.
-Checksums detect accidents, not an attacker who rewrites the manifest as well.
+Chapter 06. Each rank of an FSDP2 model writes only its own shards with DCP
+(:mod:`torch.distributed.checkpoint`), plus its RNG states, into a fresh ``step_00000s.tmp``;
+after a barrier rank 0 writes ``manifest.json`` (step, world size, shapes, every file's size and
+SHA-256) last and renames the folder (:mod:`course_lib.fault_tolerance.commit`). Loading
+reshards (saved by 2 ranks, loaded by 4 or 1); RNG states are restored only at the same world
+size. A checkpoint is data, never code, and reading one reaches nothing outside its folder
+(:mod:`course_lib.fault_tolerance.checkpoint_safe`); ``load_checkpoint`` checks all it can
+before touching the model and puts it back if reading the shards fails. The layout on disk and
+the trust boundary in full: docs/decisions.md (fault_tolerance/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -45,7 +34,7 @@ from course_lib.fault_tolerance.manifest import (COMMITTED, FORMAT, MANIFEST, Ch
                                                  checkpoint_name, checkpoint_status,
                                                  complete_checkpoints, file_sha256,
                                                  latest_checkpoint, log, verify_checkpoint)
-from course_lib.fault_tolerance.safe_files import check_record, label, read_in_folder
+from course_lib.fault_tolerance.safe_files import validate_record, label, read_in_folder
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "resume_latest", "checkpoint_status", "verify_checkpoint", "checkpoint_name",
@@ -151,7 +140,7 @@ def _prune(root: Path, keep: int, newest: int) -> None:
 def _rank_state(path: Path, rank: int) -> dict:
     """This rank's saved RNG states, read as data and checked before anything is set."""
     data = read_in_folder(path, f"rank{rank}.pt", 1 << 20)
-    check_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
+    validate_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
     try:
         extra = torch.load(io.BytesIO(data), weights_only=True)
         torch_rng, python_rng = extra["torch_rng"], _as_state(extra["python_rng"])

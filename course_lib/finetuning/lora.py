@@ -1,27 +1,13 @@
 """LoRA by hand: a frozen base layer plus a trainable low-rank update ``(alpha/r)·B·A``.
 
-Chapter 7 (``07_before_you_distribute``) asks whether a model needs distributing at all. LoRA
-(Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models") freezes every base weight
-``W`` (out × in) and learns, for chosen linears, two small matrices ``A`` (r × in) and ``B``
-(out × r). The layer computes::
-
-    y = x Wᵀ + b + (alpha / r) · x Aᵀ Bᵀ
-
-``B`` starts at zero, so training starts from exactly the base model; ``A`` is random
-(Kaiming-uniform, as in the paper's reference code). The update is mathematically the dense
-weight ``W + (alpha/r)·B·A`` (:func:`merge_lora`), which the tests use as the
-reference: same forward, and autograd through the merged weight gives the same gradients of
-``A`` and ``B``. Only ``A`` and ``B`` get gradients and Adam states, so those shrink to the
-adapter's size; the activations do **not** shrink — backward still needs every layer's input
-(peft issue #1514: at long context LoRA can use about as much memory as full fine-tuning).
-
-Why no library: ``peft`` (0.21, an 0.8 MB wheel) requires ``transformers``, ``accelerate``,
-``huggingface_hub``, ``safetensors``, ``pyyaml`` and ``tqdm`` (transformers alone is a 13.5 MB
-wheel plus ``tokenizers``); for a 2-core classroom image that only needs ~60 lines of LoRA, and
-whose GPT is not a transformers model, that cost buys nothing. The lesson *is* these lines.
-
-The base can be any module with ``in_features`` / ``out_features`` — an ``nn.Linear`` or a
-quantized :class:`course_lib.finetuning.quantize.QuantLinear` (that combination is QLoRA).
+Chapter 07. LoRA (Hu et al., 2021) freezes every base weight ``W`` (out × in) and learns, for
+chosen linears, ``A`` (r × in) and ``B`` (out × r): ``y = x Wᵀ + b + (alpha / r) · x Aᵀ Bᵀ``.
+``B`` starts at zero (training starts from the base model), ``A`` Kaiming-uniform as in the
+paper's code. The update equals the dense weight ``W + (alpha/r)·B·A`` (:func:`merge_lora`, the
+tests' reference). Only ``A`` and ``B`` get gradients and Adam states; the activations do not
+shrink (backward still needs every layer's input). The base can be any module with
+``in_features`` / ``out_features``: an ``nn.Linear`` or a quantized
+:class:`course_lib.finetuning.quantize.QuantLinear` (QLoRA). Why not ``peft``: docs/decisions.md.
 """
 from __future__ import annotations
 
@@ -32,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.common.dtypes import FP32
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config
 
@@ -150,8 +137,9 @@ def lora_state_bytes(frozen_weight_bytes: int, n_adapter: int, n_adapter_tensors
     adapter parameter only; ``optimizer`` = ``optimizer_states`` × 4 B per adapter parameter + a
     4-byte Adam ``step`` per adapter tensor.
     """
-    out = {"params": frozen_weight_bytes + 4 * n_adapter, "grads": 4 * n_adapter,
-           "optimizer": 4 * optimizer_states * n_adapter + 4 * n_adapter_tensors * (optimizer_states > 0)}
+    out = {"params": frozen_weight_bytes + FP32 * n_adapter, "grads": FP32 * n_adapter,
+           "optimizer": FP32 * optimizer_states * n_adapter
+           + FP32 * n_adapter_tensors * (optimizer_states > 0)}
     return {**out, "model_states": sum(out.values())}
 
 

@@ -1,29 +1,14 @@
-"""Store frozen weights in 8 or 4 bits, dequantize them on the fly: the "Q" of QLoRA.
+"""Store frozen weights in 8 or 4 bits, dequantize them on the fly: the "Q" of QLoRA (chapter 07).
 
-Chapter 7 (``07_before_you_distribute``). A frozen base weight never receives gradients or
-optimizer states, so the only thing it costs is its storage — and storage can be compressed:
-
-* **int8, per-channel absmax** (:func:`absmax_int8`, :func:`dequantize_int8`; the notebook types
-  them in a cell): every output row ``i`` gets a scale
-  ``s_i = max|W_i| / 127`` and ``q = round(W / s_i)`` in ``[-127, 127]``. Stored: ``out·in``
-  bytes + 4 B per row. Error per element ≤ ``s_i / 2``.
-* **4-bit, block-wise** (:func:`quantize_4bit`): the weight is cut into blocks of ``block``
-  consecutive values (64 by default, as in QLoRA); each block keeps its fp32 absmax ``m`` and
-  every value becomes the index of the nearest of 16 code values ``c_k`` times ``m``. Two
-  indices are packed into one byte. Codes: ``"nf4"`` (NormalFloat4 of Dettmers et al., 2023,
-  "QLoRA": quantiles of a normal distribution, exact zero) or ``"int4"`` (``k/7``, k = -8…7).
-  Stored: ``numel/2`` bytes + 4 B per block = 4.5 bits per weight (QLoRA's "double
-  quantization" stores the absmax in 8 bits too: ~4.127 bits; not done here). Error per element
-  ≤ ``m ·`` (half the largest gap between neighbouring codes): 0.152·m for NF4, m/14 for int4.
-
-:class:`QuantLinear` is a frozen linear layer holding such a weight as *buffers* (no gradients,
-no optimizer states) and dequantizing it inside a custom autograd function, in forward and
-again in backward — so the full-precision weight is never kept alive for backward (a plain
-``F.linear(x, dequantize())`` would save a 16/32-bit copy of every weight as an activation).
-
-Hand-written rather than torchao's ``NF4Tensor`` or bitsandbytes: their CPU support is slow to
-import or partial, and the codes and the packing below are the whole idea in one screen; the
-tests bound their error.
+A frozen weight costs only its storage, which can be compressed: **int8 per-channel absmax**
+(:func:`absmax_int8`, :func:`dequantize_int8`, typed in a cell: a scale per output row, values
+in ``[-127, 127]``) and **4-bit block-wise** (:func:`quantize_4bit`: blocks of 64 values, each
+with its fp32 absmax, every value the index of the nearest of 16 codes, ``"nf4"`` as in
+Dettmers et al. 2023 or ``"int4"``; two indices per byte, 4.5 bits per weight).
+:class:`QuantLinear` is a frozen linear holding such a weight as buffers and dequantizing it
+inside a custom autograd function, in forward and again in backward, so no full-precision copy
+is saved for backward. The error bounds, the bytes, and why not torchao or bitsandbytes:
+docs/decisions.md (finetuning/quantize.py).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
   On a timeout the parent signals every unfinished rank *before* killing it and reads what each
   was doing (Python frames, any thread, even inside a blocking C call), within ``STACK_WAIT_S``.
 * A rank that died in a collective (gloo's "Received data size doesn't match expected size",
-  SIGABRT) or a mismatch found at ``"detail"`` gets one line naming the ranks and the mismatch;
+  SIGABRT), a mismatch found at ``"detail"`` or an allocator out of memory gets one line;
   a rank whose error only says its peer went away is not blamed when a peer died.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ PEER_WAIT_S = 1.0   # a rank that lost its peer: this long to see whether the pe
 _LAUNCHER = os.path.dirname(os.path.abspath(__file__))
 
 
-def check_debug(debug: str | None) -> str | None:
+def validate_debug(debug: str | None) -> str | None:
     """``debug`` lower-cased if it is ``None`` or one of :data:`LEVELS`; a ValueError otherwise."""
     if debug is None:
         return None
@@ -32,6 +32,9 @@ def check_debug(debug: str | None) -> str | None:
         raise ValueError(f"debug must be None or one of {list(LEVELS)} (torch.distributed's "
                          f"TORCH_DISTRIBUTED_DEBUG levels), got {debug!r}")
     return debug.lower()
+
+
+check_debug = validate_debug  # its name before issue 32 (check_* now means a grader)
 
 
 def apply_debug(level: str | None) -> None:
@@ -132,7 +135,8 @@ def culprit(state, ranks: list, sel, wait: float = PEER_WAIT_S):
     end = time.monotonic() + wait
     while True:
         dead = [r for r in ranks if r is not state and (
-            (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
+            r.dump  # it has begun writing an abort dump: it is dying
+            or (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
             or (r.outcome and r.outcome[0] == "error" and not _PEER_GONE.search(r.outcome[2])))]
         if dead or time.monotonic() >= end:
             return dead[0] if dead else state
@@ -144,6 +148,11 @@ _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expe
 _DETAIL = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running "
                      r"collective: (CollectiveFingerPrint\(.*?\)), but Rank (\d+) is running "
                      r"collective: (CollectiveFingerPrint\(.*?\))\.?", re.S)
+
+
+_CPU_OOM = re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): "
+                      r"you tried to allocate (\d+) bytes")
+_CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
 
 
 def _fingerprint(text: str) -> str:
@@ -168,6 +177,14 @@ def summary(rank: int, message: str, stderr: str) -> str | None:
             a, fa, b, fb = b, fb, a, fa
         return (f"collective mismatch (found by debug='detail'): rank {a} runs "
                 f"{_fingerprint(fa)} while rank {b} runs {_fingerprint(fb)}")
+    found = _CPU_OOM.search(message) or _CPU_OOM.search(stderr)
+    if found:
+        return (f"rank {rank} ran out of memory: the CPU allocator could not get "
+                f"{int(found.group(1)) / 2**20:.2f} MiB more (what it held: chapter 01's tracker, "
+                "chapter 10's BudgetTracker)")
+    found = _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr)
+    if found:
+        return f"rank {rank} ran out of GPU memory: it tried to allocate {found.group(1)} more"
     found = _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message)
     if found:
         got, expected = found.groups()

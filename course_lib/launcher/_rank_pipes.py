@@ -3,12 +3,15 @@
 Every rank writes four pipes: stdout and stderr (shown live, prefixed ``[rank r]``), its pickled
 result or traceback, and its exit status (sent by the warm server when it reaps the rank).
 :class:`Rank` holds the read ends and what arrived; :func:`pump` reads whatever is ready;
-:func:`drain` and :func:`wait_exit` collect the last words of ranks that are ending.
+:func:`drain` and :func:`wait_exit` collect the last words of ranks that are ending. A process's
+abort dump (from "terminate called" or "Fatal Python error" on) is held back in ``Rank.dump``
+for the error to show folded, not streamed line by line into the cell.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import selectors
 import signal
 import struct
@@ -21,6 +24,8 @@ from typing import TextIO
 from course_lib.launcher import progress
 
 PIPES = ("out", "err", "result", "exit")
+# the first line of what a process writes as it aborts: C++'s terminate, CPython's fatal error
+_CRASH = re.compile(r"terminate called |Fatal Python error: ")
 
 @dataclass
 class Rank:
@@ -35,6 +40,8 @@ class Rank:
     exitcode: int | None = None
     stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
     err_tail: deque = field(default_factory=lambda: deque(maxlen=60))  # last stderr lines
+    dump: list = field(default_factory=list)  # a dying process's raw dump, held back (folded)
+    dump_shown: bool = False  # the dump went into the RankError raised for this rank
 
     def kill(self) -> None:
         """SIGKILL the rank and its process group (what it started), unless it was reaped."""
@@ -84,9 +91,13 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
         elif buf:
             lines, state.partial[name] = [bytes(buf)], bytearray()
         for line in lines:
-            emit(line, state.rank, stream)
+            text = line.decode("utf-8", "replace")
+            if name == "err" and (state.dump or _CRASH.match(text)):
+                state.dump.append(text)  # shown folded under the error's one-line summary
+            else:
+                emit(line, state.rank, stream)
             if name == "err":
-                state.err_tail.append(line.decode("utf-8", "replace"))
+                state.err_tail.append(text)
     if not data:
         sel.unregister(fd)
     return bool(data)

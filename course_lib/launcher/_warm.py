@@ -1,27 +1,13 @@
 """The warm fork server behind :func:`course_lib.run`: one process per kernel, torch imported.
 
-Starting a Python process and importing torch costs ~1-2 s; forking a process that already did
-costs a few milliseconds. So the first ``run`` starts this server once, and every rank after that
-is ``os.fork()``-ed from it. (The standard library's ``multiprocessing`` forkserver does the same,
-but re-imports the parent's ``__main__`` in every child — the Jupyter kernel's launcher — and
-cannot run from ``python -``/stdin at all, so the course keeps its own, 150 lines.)
-
-Protocol over a Unix socket pair: the client sends one length-prefixed pickled job per rank, with
-the rank's file descriptors attached (stdout, stderr, result, lifeline, exit-status pipes), all
-ranks' jobs back to back; the server forks once per job and answers ``(job id, pid)`` for each,
-and when it reaps a child writes its exit status into the exit-status pipe. Pids are matched to
-jobs by id, never by order; the client sends and reads with Stop held back (see
-:mod:`course_lib.launcher.launch`), and after any doubt (an answer out of order, an error half-way) it
-kills the server, so a later run starts a fresh one. Each rank leads its own process group: when
-the server reaps a rank it kills the rest of that group — whatever the rank started dies with it.
-The server exits when its stdin (held by the client) closes: the kernel died.
-
-Forking a ~300 MB process costs ~10-20 ms: its page tables are copied, and most of its memory
-is the C heap and Python's objects. Two things make it cheaper: the server's ``malloc`` asks for
-transparent huge pages (``glibc.malloc.hugetlb=1``: one page-table entry per 2 MiB of heap
-instead of 512; measured ~30 % less CPU per fork and per rank exit on Linux, ignored elsewhere),
-and ``gc.freeze()`` once torch is imported, so that the garbage collector of a rank never walks
-(and so never copies) the server's objects.
+Importing torch costs seconds per process, forking a process that already did milliseconds: every
+rank is ``os.fork()``-ed from this server. Over a Unix socket pair the client sends one
+length-prefixed pickled job per rank with the rank's pipes attached as file descriptors; the
+server forks once per job, answers ``(job id, pid)``, and when it reaps a child writes its exit
+status into the rank's exit-status pipe and kills the rest of that rank's process group. Pids are
+matched to jobs by id; after any doubt the client kills the server and the next run starts a
+fresh one. The server exits when its stdin closes (the kernel died). Why not multiprocessing's
+forkserver, and what makes a fork cheaper here: docs/decisions.md (launcher/_warm.py).
 """
 from __future__ import annotations
 

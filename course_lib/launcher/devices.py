@@ -119,7 +119,7 @@ def max_ranks() -> int:
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
-def check_timeout(timeout: object) -> float:
+def validate_timeout(timeout: object) -> float:
     """``timeout`` in seconds if positive, finite and at most :data:`MAX_TIMEOUT_S`, else ValueError."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
             not math.isfinite(timeout) or timeout <= 0:
@@ -127,6 +127,9 @@ def check_timeout(timeout: object) -> float:
     if timeout > MAX_TIMEOUT_S:
         raise ValueError(f"timeout must be at most {MAX_TIMEOUT_S} s (a week), got {timeout!r}")
     return float(timeout)
+
+
+check_timeout = validate_timeout  # its name before issue 32 (check_* now means a grader)
 
 
 def loopback_interface() -> str:

@@ -1,21 +1,13 @@
 """``run``: a function typed in a notebook cell, executed on N real processes.
 
 Why not ``torch.multiprocessing.spawn``? It cannot start a function defined in a notebook cell
-(the child looks it up in ``__main__`` and fails), and ``torchrun`` costs seconds per launch on a
-laptop because every rank imports torch again. Here:
-
-* ranks are forked from a **warm fork server** (like ``multiprocessing``'s forkserver, with
-  torch preloaded), so a 4-rank launch costs tens of milliseconds after the first one;
-* the function is shipped **by value** with cloudpickle, so cell-defined functions work;
-* rendezvous uses a **file store** in a private temporary directory: no port to collide with
-  another notebook, no host-name look-up (a TCP store stalled 5 s in 1 run of 10 here);
-* each rank's stdout/stderr is streamed live into the cell, prefixed ``[rank r]``;
-* a failing rank, a timeout or an interrupt ends *every* rank; a dying parent takes its ranks
-  with it through a lifeline pipe (see :mod:`course_lib.launcher._worker`), which also releases the
-  ranks together once every result is in.
-
-Chapter 00 introduces it; every later chapter runs its experiments with it. For scripts and
-multi-node command lines, see :mod:`course_lib.torchrun`.
+(the child looks it up in ``__main__``), and ``torchrun`` costs seconds per launch because every
+rank imports torch again. Here ranks are forked from a warm fork server with torch preloaded
+(:mod:`course_lib.launcher._warm`), the function travels by value (cloudpickle), rendezvous uses
+a file store in a private directory, each rank's output streams live into the cell as
+``[rank r]``, and a failing rank, a timeout or an interrupt ends every rank (a dying parent takes
+its ranks with it through a lifeline pipe, :mod:`course_lib.launcher._worker`). Chapter 00
+introduces it; for scripts and multi-node command lines see :func:`course_lib.torchrun`.
 """
 from __future__ import annotations
 
@@ -23,7 +15,6 @@ import linecache
 import os
 import selectors
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -33,24 +24,12 @@ from typing import Any, Callable
 import cloudpickle
 
 from course_lib.launcher import _diagnose, devices, progress
-from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib.launcher._warm import WarmServer, preimports_of
 
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
-
-
-class RankError(RuntimeError):
-    """A rank failed. ``rank``, ``exc_type`` and ``remote_traceback`` tell which and why."""
-
-    def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str,
-                 summary: str | None = None):
-        self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
-        self.summary = summary  # one line naming a collective mismatch, when one was recognised
-        super().__init__(("" if summary is None else f"{summary}\n") +
-                         f"rank {rank} of {nprocs} failed with {exc_type}: {message}\n"
-                         f"\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}\n"
-                         f"--- the other ranks were stopped ---")
 
 
 class _ServerCache:
@@ -83,23 +62,6 @@ def warm_up(wait: bool = True) -> None:
     the first cell. The first ``run`` then waits only for what is left of the server's start.
     """
     _SERVERS.get(wait=wait)
-
-
-def _failure_of(state: Rank, nprocs: int) -> RankError:
-    stderr = "\n".join(state.err_tail)
-    if state.outcome and state.outcome[0] == "error":
-        _, exc_type, message, tb = state.outcome
-        return RankError(state.rank, nprocs, exc_type, message, tb,
-                         _diagnose.summary(state.rank, message, stderr))
-    code = state.exitcode
-    if code is not None and code < 0:
-        how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
-    else:
-        how = f"exited with code {code}"
-    said = _diagnose.summary(state.rank, "", stderr)
-    return RankError(state.rank, nprocs, "ProcessDied", f"the process {how} before returning",
-                     "(no Python traceback: the process ended abruptly)" + (
-                         f"; its last lines on stderr:\n{stderr}" if said else ""), said)
 
 
 def _sources(fn: Callable[..., Any]) -> dict[str, list[str]]:
@@ -154,8 +116,8 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     start = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    devices.check_timeout(timeout)
-    level = _diagnose.check_debug(debug)
+    devices.validate_timeout(timeout)
+    level = _diagnose.validate_debug(debug)
     placement = devices.plan(nprocs, backend, device, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, _sources(fn)))
@@ -164,6 +126,9 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
                         f"ranks: {exc}") from exc
     try:
         return _launch(fn, placement, payload, timeout, report, start, level)
+    except RankError:
+        show_in_notebook()  # in a kernel: the raw dump of a dying rank folded under one line
+        raise
     except KeyboardInterrupt:
         # the ranks are gone already; the frames inside the launcher would only hide that
         raise KeyboardInterrupt(f"run on {nprocs} rank(s) stopped; every rank was ended") \
@@ -223,6 +188,9 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
                 if state.outcome is None:
                     state.kill()
             drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            for state in ranks:  # a dump held back for an error that reported another rank
+                for line in [] if state.dump_shown else state.dump:
+                    emit(line.encode(), state.rank, sys.stderr)
         finally:  # even when a second Stop arrives while draining
             try:
                 if not succeeded:
@@ -278,11 +246,11 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
                         culprit = _diagnose.culprit(state, ranks, sel)
                         if culprit is not state:  # a victim of a peer that died: name the peer
                             wait_exit(culprit, sel)
-                        raise _failure_of(culprit, nprocs)
+                        raise failure_of(culprit, nprocs)
                     waiting.discard(state.rank)
                     view.update(done=nprocs - len(waiting))
                 elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):
-                    raise _failure_of(state, nprocs)
+                    raise failure_of(state, nprocs)
             view.tick()
         for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
             if key.data[1] in ("out", "err"):

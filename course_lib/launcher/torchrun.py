@@ -108,7 +108,7 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     (:func:`private_run_env`).
     """
     devices.plan(nprocs)  # same limits and messages as run()
-    devices.check_timeout(timeout)
+    devices.validate_timeout(timeout)
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:

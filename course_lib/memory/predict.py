@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from course_lib.common.dtypes import BF16, BOOL, FP32, INT64
 from course_lib.common.models import RECOMPUTE, GPTConfig, get_config, param_count
 from course_lib.common.training import OPTIMIZERS, STATES_PER_PARAM, validate_optimizer
 
@@ -42,7 +43,7 @@ ALL_PRECISIONS = PRECISIONS + MIXED
 #: The rule of thumb for fp32 (or mixed-precision) Adam training.
 RULE_BYTES_PER_PARAM = 16
 
-_WEIGHT_BYTES = {"fp32": 4, "amp": 4, "bf16": 2, "mixed": 2, "mixed-fp32-grads": 2}
+_WEIGHT_BYTES = {"fp32": FP32, "amp": FP32, "bf16": BF16, "mixed": BF16, "mixed-fp32-grads": BF16}
 # amp = autocast: fp32 weights, bf16 compute. Mixed: bf16 weights and compute (activations as bf16).
 _COMPUTE = {"fp32": "fp32", "amp": "amp", "bf16": "bf16", "mixed": "bf16", "mixed-fp32-grads": "bf16"}
 
@@ -71,8 +72,8 @@ def bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[st
     w = _WEIGHT_BYTES[precision]
     table = {"params": w, "grads": w, "optimizer": STATES_PER_PARAM[optimizer] * w}
     if precision in MIXED:
-        table["optimizer"] = 4 + 4 * STATES_PER_PARAM[optimizer]
-        table["grads"] += 4 if precision == "mixed-fp32-grads" else 0
+        table["optimizer"] = FP32 + FP32 * STATES_PER_PARAM[optimizer]
+        table["grads"] += FP32 if precision == "mixed-fp32-grads" else 0
     return {**table, "total": sum(table.values())}
 
 
@@ -84,7 +85,7 @@ def model_state_bytes(n_params: int, precision: str = "fp32", optimizer: str = "
     tensor; ``buffer_bytes`` adds non-trainable buffers. ``model_states`` is the sum.
     """
     per = bytes_per_param(precision, optimizer)
-    steps = 4 * n_tensors if optimizer in ("adam", "adamw") else 0
+    steps = FP32 * n_tensors if optimizer in ("adam", "adamw") else 0
     out = {"params": per["params"] * n_params, "buffers": buffer_bytes,
            "grads": per["grads"] * n_params, "optimizer": per["optimizer"] * n_params + steps}
     return {**out, "model_states": sum(out.values())}
@@ -156,22 +157,22 @@ def activation_terms(config: GPTConfig | str, batch_size: int, seq_len: int,
     validate(precision, recompute=recompute)
     precision = _COMPUTE[precision]
     b, s, h, v = batch_size, seq_len, config.d_model, config.vocab_size
-    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], 2 if precision == "bf16" else 4
+    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], BF16 if precision == "bf16" else FP32
     layer = resid * b * s * h if recompute == "full" else _layer_bytes(config, b, s, precision, recompute)
-    head = (resid + act) * b * s * h + 2 * b * s * stat + (2 * v * h if precision == "amp" else 0)
-    return {"blocks": config.n_layer * layer, "final_norm": head, "logits": 4 * b * s * v,
-            "positions": 8 * s, "loss": 8}
+    head = (resid + act) * b * s * h + 2 * b * s * stat + (BF16 * v * h if precision == "amp" else 0)
+    return {"blocks": config.n_layer * layer, "final_norm": head, "logits": FP32 * b * s * v,
+            "positions": INT64 * s, "loss": 2 * FP32}
 
 
-_ACT_BYTES = {"fp32": 4, "amp": 2, "bf16": 2}
+_ACT_BYTES = {"fp32": FP32, "amp": BF16, "bf16": BF16}
 
 
 def _layer_bytes(config: GPTConfig, b: int, s: int, precision: str, recompute: str = "none") -> int:
     """What one block saves without recomputation (selective: without the attention core)."""
     h, a = config.d_model, config.n_head
-    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], 2 if precision == "bf16" else 4
-    attn = act * b * a * s * s + s * s if config.attention == "explicit" else 4 * b * a * s
-    amp_copies = 2 * 12 * h * h if precision == "amp" else 0
+    resid, act, stat = _WEIGHT_BYTES[precision], _ACT_BYTES[precision], BF16 if precision == "bf16" else FP32
+    attn = act * b * a * s * s + BOOL * s * s if config.attention == "explicit" else FP32 * b * a * s
+    amp_copies = BF16 * 12 * h * h if precision == "amp" else 0
     return ((2 * resid + 14 * act) * b * s * h + 4 * b * s * stat
             + (0 if recompute == "selective" else attn) + amp_copies)
 
@@ -191,7 +192,7 @@ def korthikanti_bytes(config: GPTConfig | str, batch_size: int, seq_len: int) ->
 
 def batch_bytes(batch_size: int, seq_len: int) -> int:
     """Bytes of one ``(inputs, targets)`` batch of int64 token ids."""
-    return 2 * 8 * batch_size * seq_len
+    return 2 * INT64 * batch_size * seq_len
 
 
 def predict_step(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
@@ -233,15 +234,15 @@ def _moments(c: GPTConfig, b: int, s: int, precision: str, optimizer: str,
     validate(precision, optimizer, recompute)
     states = model_state_bytes_for(c, precision, optimizer)
     n = param_count(c)
-    kept = 4 * n if precision == "mixed-fp32-grads" else 0  # fp32 grads outlive zero_grad
+    kept = FP32 * n if precision == "mixed-fp32-grads" else 0  # fp32 grads outlive zero_grad
     fixed = states["params"] + states["optimizer"] + kept + batch_bytes(b, s)
-    logits_grads = 2 * 4 * b * s * c.vocab_size
+    logits_grads = 2 * FP32 * b * s * c.vocab_size
     out = {"start of backward": (fixed + activation_bytes(c, b, s, precision, recompute)
                                  + logits_grads, logits_grads),
            "end of backward": (fixed - kept + states["grads"], 0)}
     if precision in MIXED:  # the step upcasts one gradient at a time; Adam's math adds two temporaries
         h, v = c.d_model, c.vocab_size
-        largest = 4 * max(v * h, 4 * h * h, c.seq_len * h)
+        largest = FP32 * max(v * h, 4 * h * h, c.seq_len * h)
         temps = (3 if precision == "mixed" else 2) * largest
         out["optimizer step"] = (fixed - kept + states["grads"] + temps, 0)
     if recompute == "full":
@@ -251,7 +252,7 @@ def _moments(c: GPTConfig, b: int, s: int, precision: str, optimizer: str,
             + c.seq_len * h + (0 if c.tie_weights else c.vocab_size * h)  # block 1 but mlp.proj; embeddings
         recomputed = _layer_bytes(c, b, s, p) - resid * bsh - 4 * act * bsh
         temps = (resid + 8 * act) * bsh
-        inputs_kept = c.n_layer * resid * bsh + 8 * s + 8
+        inputs_kept = c.n_layer * resid * bsh + INT64 * s + 2 * FP32
         out["first block's backward"] = (fixed + inputs_kept + recomputed + states["grads"] - kept
                                          - g * not_yet + temps, temps)
     return out

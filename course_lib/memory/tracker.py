@@ -1,17 +1,12 @@
-"""Measure where training memory goes, with torch's own allocation tracker.
+"""Measure where training memory goes, with torch's own allocation tracker (chapter 01).
 
-Chapter 1 (``01_training_memory``) runs real training steps under
-``torch.distributed._tools.mem_tracker.MemTracker``, which sees every tensor storage created
-and freed and files it under params, buffers, grads, optimizer states, activations (created
-in forward) or temporaries (created in backward). Nothing here computes a byte count from a
-formula: the formulas live in :mod:`course_lib.memory.predict` and are compared with these numbers.
-
-* :func:`measure_step` — the chapter-1 entry point: a model (or a :class:`GPTConfig`) and a
-  batch; with ``fake=True`` it runs the same steps on fake tensors (``FakeTensorMode``), so a
-  7B-parameter model can be "measured" on a laptop without allocating its memory.
-* :func:`tracked_steps` — the loop itself, for reuse inside a distributed rank (chapters 2-3)
-  on a DDP / FSDP2-wrapped model with another tracker (e.g. ``FSDPMemTracker``).
-* :func:`measure_inference` — one forward under ``torch.no_grad()``, for comparison.
+Real training steps run under ``torch.distributed._tools.mem_tracker.MemTracker``, which sees
+every tensor storage created and freed and files it under params, buffers, grads, optimizer
+states, activations (created in forward) or temporaries (created in backward). No byte count
+here comes from a formula: those live in :mod:`course_lib.memory.predict`, compared with these.
+:func:`measure_step` is the entry point (``fake=True``: the same steps on fake tensors, a 7B
+model on a laptop); :func:`tracked_steps` the loop, reused inside distributed ranks with another
+tracker (e.g. ``FSDPMemTracker``); :func:`measure_inference` one forward under ``no_grad``.
 """
 from __future__ import annotations
 
@@ -25,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from course_lib.common.checks import batch_shape
+from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
@@ -49,15 +45,9 @@ class _NoHook:
 
 
 class GlobalMemTracker(MemTracker):
-    """``MemTracker`` that keeps only the global "current" and "peak" snapshots, and that
-    accepts frozen parameters.
-
-    The stock tracker also updates a per-module peak for every module after every operator,
-    which made a fake 7B step take ~55 s instead of ~10 s; chapter 1 reads only global snapshots.
-    It also registers a gradient hook on *every* parameter before each module's forward, which
-    fails on frozen ones in torch 2.13 ("cannot register a hook on a tensor that doesn't require
-    gradient") — e.g. LoRA's frozen base (chapter 7). A frozen parameter never gets a gradient,
-    so it gets a do-nothing handle instead of a hook; it is still counted under params.
+    """``MemTracker`` that keeps only the global "current" and "peak" snapshots (much faster:
+    chapter 01 reads only those), and that gives a frozen parameter a do-nothing gradient-hook
+    handle instead of a hook (it never gets a gradient; it still counts under params).
     """
 
     def _track_module_params_and_buffers(self, module: nn.Module,
@@ -249,7 +239,7 @@ def _autocast(precision: str) -> torch.dtype | None:
 def _flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
     """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
     b, s = shape[0], shape[1]
-    return (predict.activation_bytes(config, b, s, precision) + 2 * 4 * b * s * config.vocab_size
+    return (predict.activation_bytes(config, b, s, precision) + 2 * FP32 * b * s * config.vocab_size
             + predict.batch_bytes(b, s))
 
 

@@ -25,7 +25,7 @@ from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_formula, measured_bubble,
                                                   pipeline_rank)
-from course_lib.pipeline_parallel.schedules import SCHEDULES, check_pipeline
+from course_lib.pipeline_parallel.schedules import SCHEDULES, validate_pipeline
 
 __all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
            "measure_bubble_sweep", "report_verdict"]
@@ -194,7 +194,7 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
         raise ValueError(f"a bubble needs p >= 2 stages, got p={p}")
     for s in schedules:
         for m in ms:
-            check_pipeline(config, p, m, None, s)
+            validate_pipeline(config, p, m, None, s)
     cores = devices.cpu_count()
     if pin and p > cores:
         raise ValueError(f"pin=True gives every rank its own core: {p} ranks need {p} cores, "

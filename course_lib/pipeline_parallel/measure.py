@@ -21,7 +21,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.pipeline_parallel.schedules import Stage, check_pipeline, run_schedule, schedule_ops
+from course_lib.pipeline_parallel.schedules import Stage, run_schedule, schedule_ops, validate_pipeline
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
@@ -184,7 +184,7 @@ def measure_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
     config = get_config(config)
     positive_int(micro_batch, "micro_batch")
     positive_int(steps, "steps")
-    check_pipeline(config, p, m, None, schedule)
+    validate_pipeline(config, p, m, None, schedule)
     if ops is not None and not callable(ops):
         raise TypeError(f"ops must be a function like schedule_ops, got {type(ops).__name__}")
     per_rank = run(pipeline_rank, p, config, schedule, m, m * micro_batch, seed, steps, 1, grads,
@@ -253,7 +253,7 @@ def torch_pipeline(p: int = 2, m: int = 4, schedule: str = "gpipe",
     torch's schedule really ran its stage's forward and backward chunks.
     """
     config = get_config(config)
-    check_pipeline(config, p, m, batch, schedule)
+    validate_pipeline(config, p, m, batch, schedule)
     results = run(_torch_pipeline_rank, p, config, schedule, m, batch, seed, timeout=timeout, threads=1)
     grads = {n: g for _, rank_grads, _ in results for n, g in rank_grads.items()}
     if with_order:

@@ -27,13 +27,14 @@ from torch import nn
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig
 
-__all__ = ["Stage", "check_pipeline", "schedule_ops", "SCHEDULES", "StageSteps", "run_schedule"]
+__all__ = ["Stage", "validate_pipeline", "check_pipeline", "schedule_ops", "SCHEDULES", "StageSteps",
+           "run_schedule"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
 
-def check_pipeline(config: GPTConfig, p: int, m: int, batch: int | None = None,
-                   schedule: str = "gpipe") -> None:
+def validate_pipeline(config: GPTConfig, p: int, m: int, batch: int | None = None,
+                      schedule: str = "gpipe") -> None:
     """Raise ``ValueError`` for a pipeline that cannot be built (before any process starts)."""
     for name, value in (("p (stages)", p), ("m (micro-batches)", m), ("batch", 1 if batch is None else batch)):
         positive_int(value, f"{name}")
@@ -44,6 +45,9 @@ def check_pipeline(config: GPTConfig, p: int, m: int, batch: int | None = None,
         raise ValueError(f"m={m} micro-batches do not divide batch={batch}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+
+
+check_pipeline = validate_pipeline  # its name before issue 32 (check_* now means a grader)
 
 
 class Stage(nn.Module):

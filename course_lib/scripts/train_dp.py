@@ -1,6 +1,6 @@
 r"""Data-parallel training of the course GPT — by hand or with torch DDP — as a script (chapter 2).
 
-The same code as the notebook (:func:`course_lib.data_parallel.measure.train_rank`): every rank trains on its
+The same code as the notebook (:func:`course_lib.data_parallel.measure.train_rank_dp`): every rank trains on its
 share of each global batch; ``--mode hand`` broadcasts the weights and all-reduces the gradients
 itself, ``--mode torch`` wraps the model in ``DistributedDataParallel``. Rank 0 then trains one
 process on the concatenated batch and prints the largest weight difference.
@@ -29,7 +29,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_rank, train_single
+from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_rank_dp, train_single
 from course_lib.launcher.torchrun import init_distributed
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> float:
     args = parse_args(argv)
     torch.set_num_threads(1)   # one core per rank: the CPU analogue of one GPU per rank
     rank, world = init_distributed()
-    params, losses = train_rank(args.mode, args.steps, args.local_batch, args.seq_len, args.lr,
+    params, losses = train_rank_dp(args.mode, args.steps, args.local_batch, args.seq_len, args.lr,
                                 args.seed, args.preset)
     mean_losses = torch.tensor(losses)
     dist.all_reduce(mean_losses)                 # the global loss: mean of the ranks' losses

@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from course_lib.common.dtypes import BF16, FP16, FP32
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import STATES_PER_PARAM
 
@@ -43,12 +44,14 @@ Shape = tuple[int, ...]
 def paper_bytes(n_params: float, world: int, k: int = 12) -> dict[str, float]:
     """The paper's per-rank model-state bytes for DP and ZeRO stages 1-3 (fp16 mixed precision)."""
     psi = n_params
-    return {"ddp": (4 + k) * psi, "zero1": 4 * psi + k * psi / world,
-            "zero2": 2 * psi + (2 + k) * psi / world, "fsdp": (4 + k) * psi / world}
+    wg = 2 * FP16  # fp16 weights and gradients
+    return {"ddp": (wg + k) * psi, "zero1": wg * psi + k * psi / world,
+            "zero2": FP16 * psi + (FP16 + k) * psi / world, "fsdp": (wg + k) * psi / world}
 
 
 def ideal_bytes(n_params: float, world: int, optimizer: str = "adam",
-                weight_bytes: int = 4, grad_bytes: int = 4, state_bytes: int = 4) -> dict[str, float]:
+                weight_bytes: int = FP32, grad_bytes: int = FP32,
+                state_bytes: int = FP32) -> dict[str, float]:
     """The paper's staging with the sizes our runs use (4 B weights, grads, each state): no padding.
 
     ``ddp (w+g+k)Ψ``, ``zero1 (w+g)Ψ + kΨ/N``, ``zero2 wΨ + (g+k)Ψ/N``, ``fsdp (w+g+k)Ψ/N`` with
@@ -105,7 +108,7 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
     if strategy not in STAGES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {tuple(STAGES)}")
     states = STATES_PER_PARAM[optimizer]
-    counter = 4 if optimizer in ("adam", "adamw") else 0
+    counter = FP32 if optimizer in ("adam", "adamw") else 0  # Adam's fp32 step, per tensor
     total = sum(_numel(s) for s in shapes)
     if strategy not in ("ddp", "zero1"):  # each shape's split once, not once per rank
         splits = [(fsdp_rows(s[0] if s else 1, world), _numel(s[1:]) if s else 1) for s in shapes]
@@ -114,17 +117,17 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
         if strategy in ("ddp", "zero1"):
             mine = range(len(shapes)) if strategy == "ddp" else zero1_assignment(shapes, world)[rank]
             owned = sum(_numel(shapes[i]) for i in mine)
-            row = {"params": 4 * total, "grads": 4 * total,
-                   "optimizer": 4 * states * owned + counter * len(mine), "unsharded_params": 0}
+            row = {"params": FP32 * total, "grads": FP32 * total,
+                   "optimizer": FP32 * states * owned + counter * len(mine), "unsharded_params": 0}
             row["model_states_fwd"] = row["params"] + row["grads"] + row["optimizer"]
         else:
             padded = real = 0
             for (chunk, rows), rest in splits:
                 padded += chunk * rest
                 real += rows[rank] * rest
-            full = (2 if precision in ("amp", "mixed") else 4) * padded * world
-            row = {"params": 4 * padded, "grads": 4 * padded,
-                   "optimizer": 4 * states * real + counter * len(shapes),
+            full = (BF16 if precision in ("amp", "mixed") else FP32) * padded * world
+            row = {"params": FP32 * padded, "grads": FP32 * padded,
+                   "optimizer": FP32 * states * real + counter * len(shapes),
                    "unsharded_params": full if strategy == "zero2" else 0}
             row["model_states_fwd"] = row["params"] + row["optimizer"] + row["unsharded_params"]
         row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
@@ -147,8 +150,8 @@ def flat_zero_bytes(n_params: int, stage: int, world: int, n_tensors: int = 1) -
     out = []
     for rank in range(world):
         real = max(0, min(size, n_params - rank * size))
-        row = {"params": 4 * size * world, "grads": 4 * size * (world if stage == 1 else 1),
-               "optimizer": 8 * real + 4 * n_tensors}
+        row = {"params": FP32 * size * world, "grads": FP32 * size * (world if stage == 1 else 1),
+               "optimizer": 2 * FP32 * real + FP32 * n_tensors}
         row["model_states"] = sum(row.values())
         out.append(row)
     return out
@@ -162,7 +165,7 @@ def fsdp_peak_saving(n_params: int, unit_params: Sequence[int], world: int) -> i
     element count first). Activations and the sharded states are the same in both.
     """
     root, *others = unit_params
-    return 4 * n_params - 4 * n_params // world - 4 * (root + max(others, default=0))
+    return FP32 * n_params - FP32 * n_params // world - FP32 * (root + max(others, default=0))
 
 
 def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,
@@ -177,15 +180,15 @@ def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,
     """
     total = sum(_numel(s) for s in shapes)
     if strategy == "ddp":
-        return {"all_reduce": 4 * total}
+        return {"all_reduce": FP32 * total}
     if strategy == "zero1":
-        return {"all_reduce": 4 * total, "broadcast": 4 * total}
+        return {"all_reduce": FP32 * total, "broadcast": FP32 * total}
     if world == 1:
         return {}
     padded = sum(fsdp_rows(s[0] if s else 1, world)[0] * _numel(s[1:]) for s in shapes) * world
     gathers = 2 if strategy == "fsdp" else 1
-    return {"all_gather": gathers * (2 if precision in ("amp", "mixed") else 4) * padded,
-            "reduce_scatter": 4 * padded}
+    return {"all_gather": gathers * (BF16 if precision in ("amp", "mixed") else FP32) * padded,
+            "reduce_scatter": FP32 * padded}
 
 
 def paper_comm(n_params: float, strategy: str) -> float:

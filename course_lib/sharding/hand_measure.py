@@ -2,7 +2,7 @@
 
 Harnesses only (the algorithms are in :mod:`~course_lib.sharding.zero_by_hand` and
 :mod:`~course_lib.sharding.fsdp_by_hand`). Every function runs inside a rank and trains
-:class:`~course_lib.common.models.GPT` as :func:`course_lib.sharding.strategies.train_rank`
+:class:`~course_lib.common.models.GPT` as :func:`course_lib.sharding.strategies.train_rank_sharded`
 trains torch's strategies — same seed, data and optimizer — so the results compare directly.
 Memory comes from chapter 1's ``GlobalMemTracker``: the shard's gradient is created inside
 ``step()``, outside forward and backward, so it is told it is a gradient (``track_grads``); the

@@ -22,15 +22,15 @@ from course_lib.memory.report import MemoryReport, format_bytes
 from course_lib.memory.tracker import _flow_bytes
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
-from course_lib.sharding.rank_measure import check_request, make_inputs, measure_rank
+from course_lib.sharding.rank_measure import validate_request, make_inputs, measure_rank
 from course_lib.sharding.strategies import STRATEGIES
 
 __all__ = ["measure_distributed", "compare_strategies", "memory_vs_world", "measure_rank",
-           "check_request", "make_inputs", "check_fits"]
+           "validate_request", "make_inputs", "validate_fits", "check_fits"]
 
 
-def check_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs: int,
-               optimizer: str, precision: str) -> None:
+def validate_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs: int,
+                  optimizer: str, precision: str) -> None:
     """Refuse a real run of a config whose predicted bytes exceed free memory (before any process).
 
     Per rank: the full fp32 model each rank builds before wrapping, or the strategy's model states
@@ -63,6 +63,9 @@ def check_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs
                           "tensors without allocating, or a smaller model, batch or strategy")
 
 
+check_fits = validate_fits  # its name before issue 32 (check_* now means a grader)
+
+
 def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
                         strategy: str = "ddp", nprocs: int = 2, optimizer: str = "adam",
                         precision: str = "fp32", fake: bool = False, iterations: int = 2,
@@ -82,7 +85,7 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
     :meth:`GPT.set_recompute` — FSDP + checkpointed blocks is the usual pairing.
     Raises ``ValueError``/``TypeError`` for a bad request before any process starts.
     """
-    check_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations,
+    validate_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations,
                   recompute)
     kwargs = dict(strategy=strategy, optimizer=optimizer, precision=precision,
                   iterations=iterations, seed=seed, recompute=recompute)
@@ -91,7 +94,7 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
     if ranks is not None:
         raise ValueError("ranks= only applies to fake=True: a real run measures every rank")
     devices.plan(nprocs)  # bad world sizes fail here, with the launcher's message
-    check_fits(model_or_config, batch, [strategy], nprocs, optimizer, precision)
+    validate_fits(model_or_config, batch, [strategy], nprocs, optimizer, precision)
     return run(measure_rank, nprocs, model_or_config, batch, timeout=timeout, **kwargs)
 
 
@@ -112,9 +115,9 @@ def compare_strategies(model_or_config: nn.Module | GPTConfig | str, batch, *,
     if not strategies:
         raise ValueError("strategies must name at least one strategy")
     for strategy in strategies:
-        check_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
+        validate_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
     devices.plan(nprocs)
-    check_fits(model_or_config, batch, strategies, nprocs, optimizer, precision)
+    validate_fits(model_or_config, batch, strategies, nprocs, optimizer, precision)
     per_rank = run(_measure_each, nprocs, model_or_config, batch, strategies, timeout=timeout,
                    optimizer=optimizer, precision=precision, iterations=iterations, seed=seed)
     return {s: [ranks[s] for ranks in per_rank] for s in strategies}
@@ -131,7 +134,7 @@ def memory_vs_world(preset: str = "small", batch: tuple[int, int] = (4, 32),
     """
     out = {}
     for world in worlds:
-        check_request(preset, batch, "ddp", world, "adam", "fp32")
+        validate_request(preset, batch, "ddp", world, "adam", "fp32")
         reports = run(measure_rank, world, preset, batch, strategy="ddp", threads=1,
                       timed_steps=0)  # memory only: the two timed steps would be thrown away
         row = {k: reports[0][k] for k in ("params", "grads", "optimizer", "model_states", "peak")}

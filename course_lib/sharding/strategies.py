@@ -1,33 +1,14 @@
 """Wrap a model for data parallelism, ZeRO-1, ZeRO-2 or FSDP (ZeRO-3) — with torch's own classes.
 
-Chapter 3 (``03_sharding_zero_fsdp``) trains the same model four ways and measures each; chapter
-2 (``02_data_parallel``) uses the ``"ddp"`` strategy. Every strategy here is a real PyTorch
-component, on gloo (CPU) or NCCL (GPUs):
-
-* ``"ddp"`` — :class:`~torch.nn.parallel.DistributedDataParallel` with
-  ``gradient_as_bucket_view=True``: the gradients *are* views into DDP's all-reduce buckets, so
-  they take ``4Ψ`` once instead of ``4Ψ`` (grads) + ``4Ψ`` (buckets) with the default ``False``.
-* ``"zero1"`` — DDP plus :class:`~torch.distributed.optim.ZeroRedundancyOptimizer`: each rank
-  keeps the optimizer states (and runs the update) for a share of the parameters, then
-  broadcasts the parameters it updated. It assigns *whole* parameters greedily, so the shares
-  are unequal (see :func:`course_lib.sharding.formulas.zero1_assignment`).
-* ``"zero2"`` — FSDP2 :func:`~torch.distributed.fsdp.fully_shard` on every block and on the root
-  with ``reshard_after_forward=False``: params, grads and optimizer states are sharded at rest;
-  full parameters are gathered once in forward and kept until backward has used them.
-* ``"fsdp"`` — FSDP2 ``fully_shard`` with ``reshard_after_forward=True`` (ZeRO-3): full
-  parameters exist only while their block runs, so they are gathered again for backward.
-
-``precision="amp"`` means bf16 compute with fp32 master weights: ``torch.autocast`` for DDP and
-ZeRO-1, ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` for FSDP2 (which
-gathers bf16 parameters and reduces gradients in fp32; sharded params and grads stay fp32).
-``precision="mixed"`` (ZeRO-2 and FSDP only) names the same FSDP2 policy from chapter 1's side:
-the fp32 shard *is* the master copy, bf16 weights and grads exist only while gathered, so the
-16 B/param at rest are 4 (param shard) + 4 (grad shard) + 8 (moments), all divided by N.
-
-Traps avoided: FSDP1's ``SHARD_GRAD_OP`` with
-``use_orig_params=True`` gives silently wrong results on this torch version — ZeRO-2 is built from
-FSDP2 instead; tied embeddings cannot be sharded block by block — :func:`wrap` refuses them with
-a clear message (the course GPT is untied by default).
+Chapter 03 trains the same model four ways and measures each (chapter 02 uses ``"ddp"``):
+``"ddp"`` is DistributedDataParallel with ``gradient_as_bucket_view=True`` (gradients are views
+into its buckets); ``"zero1"`` DDP plus ZeroRedundancyOptimizer (whole parameters assigned
+greedily: unequal shares, :func:`course_lib.sharding.formulas.zero1_assignment`); ``"zero2"``
+FSDP2 ``fully_shard`` on every block and the root with ``reshard_after_forward=False``;
+``"fsdp"`` the same with ``True`` (ZeRO-3). ``precision="amp"``: bf16 compute, fp32 master
+weights (autocast for DDP and ZeRO-1, FSDP2's ``MixedPrecisionPolicy``); ``"mixed"`` (ZeRO-2,
+FSDP) is that policy read as chapter 01's mixed precision. Byte counts and the traps avoided
+(FSDP1's SHARD_GRAD_OP, tied embeddings): docs/decisions.md (sharding/strategies.py).
 """
 from __future__ import annotations
 
@@ -48,7 +29,7 @@ from course_lib.common.training import (OPTIMIZER_CLASSES, default_loss, make_op
                                         validate_optimizer)
 
 __all__ = ["STRATEGIES", "DIST_PRECISIONS", "FSDP_ONLY", "Wrapped", "validate_strategy", "shard_units", "wrap",
-           "train_step", "train_rank", "full_params", "AllReduceHooks"]
+           "train_step", "train_rank_sharded", "train_rank", "full_params", "AllReduceHooks"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 #: fp32, or "amp" (bf16 compute, fp32 master weights and gradient reduction).
@@ -198,9 +179,9 @@ def train_step(wrapped: Wrapped, batch: tuple[torch.Tensor, torch.Tensor]) -> to
     return loss.detach()
 
 
-def train_rank(config: GPTConfig | str, strategy: str, *, steps: int = 3,
-               batch: tuple[int, int] = (4, 32), optimizer: str = "adam",
-               precision: str = "fp32", lr: float = 1e-3, seed: int = 0) -> dict:
+def train_rank_sharded(config: GPTConfig | str, strategy: str, *, steps: int = 3,
+                       batch: tuple[int, int] = (4, 32), optimizer: str = "adam",
+                       precision: str = "fp32", lr: float = 1e-3, seed: int = 0) -> dict:
     """Train ``GPT(config)`` for ``steps`` steps under ``strategy``, inside a rank.
 
     Every rank builds the model with ``seed`` and trains on its shard of the course data
@@ -218,6 +199,9 @@ def train_rank(config: GPTConfig | str, strategy: str, *, steps: int = 3,
         losses.append(float(train_step(wrapped, (inputs % config.vocab_size,
                                                  targets % config.vocab_size))))
     return {"losses": losses, "params": full_params(wrapped)}
+
+
+train_rank = train_rank_sharded  # its name before issue 32 (chapter 03 and course_lib.train_rank)
 
 
 def full_params(wrapped: Wrapped) -> dict[str, torch.Tensor]:

@@ -32,8 +32,8 @@ from course_lib.common.checks import positive_int
 from course_lib.common.models import Block, GPT, GPTConfig
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
-           "tp_plan", "check_tp_degree", "qkv_rows", "dtensor_block", "param_bytes",
-           "expected_block_bytes"]
+           "tp_plan", "validate_tp_degree", "check_tp_degree", "qkv_rows", "dtensor_block",
+           "param_bytes", "expected_block_bytes"]
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -75,12 +75,15 @@ def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
-def check_tp_degree(config: GPTConfig, t: int) -> None:
+def validate_tp_degree(config: GPTConfig, t: int) -> None:
     """Raise ``ValueError`` unless ``t`` ranks can split the heads (and so the MLP) evenly."""
     positive_int(t, "tensor-parallel degree")
     if config.n_head % t:
         raise ValueError(f"n_head={config.n_head} is not divisible by the tensor-parallel degree "
                          f"t={t}: every rank must own the same number of whole heads")
+
+
+check_tp_degree = validate_tp_degree  # its name before issue 32 (check_* now means a grader)
 
 
 def qkv_rows(config: GPTConfig, rank: int, t: int) -> torch.Tensor:
@@ -152,7 +155,7 @@ class TPBlock(nn.Module):
 
     def __init__(self, dense: Block, config: GPTConfig, rank: int, t: int, group=None) -> None:
         super().__init__()
-        check_tp_degree(config, t)
+        validate_tp_degree(config, t)
         if config.attention != "sdpa":
             raise ValueError("the tensor-parallel block implements attention='sdpa' only")
         self.ln1, self.ln2 = copy.deepcopy(dense.ln1), copy.deepcopy(dense.ln2)
@@ -166,7 +169,7 @@ class TPBlock(nn.Module):
 
 def tp_gpt(dense: GPT, rank: int, t: int, group=None) -> GPT:
     """A copy of ``dense`` whose blocks are :class:`TPBlock`; embeddings and head replicated."""
-    check_tp_degree(dense.config, t)
+    validate_tp_degree(dense.config, t)
     model = copy.deepcopy(dense)
     model.blocks = nn.ModuleList(TPBlock(b, dense.config, rank, t, group) for b in dense.blocks)
     return model
@@ -203,7 +206,7 @@ def dtensor_block(dense: Block, config: GPTConfig, mesh) -> Block:
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
     t = mesh.size()
-    check_tp_degree(config, t)
+    validate_tp_degree(config, t)
     block = copy.deepcopy(dense)
     block.attn = _HeadShardedAttention(dense.attn, config, t)
     styles = {"column": ColwiseParallel, "row": RowwiseParallel}

@@ -23,7 +23,7 @@ from course_lib.common.data import get_batch
 from course_lib.common.models import Block, GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
 from course_lib.sharding.comm_counter import CommCounter
-from course_lib.tensor_parallel.layers import (TPBlock, check_tp_degree, dtensor_block,
+from course_lib.tensor_parallel.layers import (TPBlock, validate_tp_degree, dtensor_block,
                                                expected_block_bytes, param_bytes, qkv_rows,
                                                tp_gpt)
 
@@ -156,7 +156,7 @@ def measure_tp(t: int = 2, impl: str = "hand", config: GPTConfig | str = TP_CONF
                seed: int = 0, timeout: float = 120.0) -> list[TPReport]:
     """Run :func:`tp_block_rank` on ``t`` ranks; bad requests fail before any process starts."""
     config = get_config(config)
-    check_tp_degree(config, t)
+    validate_tp_degree(config, t)
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     positive_int(batch, "batch")
@@ -202,6 +202,6 @@ def measure_tp_model(t: int = 2, config: GPTConfig | str = "small", batch: int =
                      timeout: float = 120.0) -> list[TPModelReport]:
     """Run :func:`tp_gpt_rank` on ``t`` ranks; bad requests fail before any process starts."""
     config = get_config(config)
-    check_tp_degree(config, t)
+    validate_tp_degree(config, t)
     positive_int(batch, "batch")
     return run(tp_gpt_rank, t, config, batch, seed, timeout=timeout, threads=1)

@@ -34,7 +34,7 @@ from torch import nn
 from course_lib.common.checks import positive_int
 from course_lib.common.models import Block, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.tensor_parallel.layers import check_tp_degree, qkv_rows
+from course_lib.tensor_parallel.layers import validate_tp_degree, qkv_rows
 from course_lib.tensor_parallel.measure import (TPReport, TP_CONFIG, dense_block_run,
                                                 hand_or_dtensor_report, measure_tp, tp_report)
 
@@ -184,7 +184,7 @@ def compare_megatron(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int
 
 def _compare(t, config, batch, seed, compare, timeout, run_report, status: bool):
     config = get_config(config)
-    check_tp_degree(config, t)
+    validate_tp_degree(config, t)
     if config.attention != "sdpa":
         raise ValueError("the Megatron-core block implements attention='sdpa' only")
     unknown = set(compare) - {"hand", "dtensor"}

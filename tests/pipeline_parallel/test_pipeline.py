@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course_lib.pipeline_parallel.show import pipeline_explorer
-from course_lib.pipeline_parallel.schedules import check_pipeline, schedule_ops
+from course_lib.pipeline_parallel.schedules import validate_pipeline, schedule_ops
 from course_lib.pipeline_parallel.trace import StageTrace
 from course_lib.pipeline_parallel.measure import (PP_CONFIG, bubble_formula, dense_reference,
                                                   measure_pipeline, measured_bubble,
@@ -125,7 +125,7 @@ def test_batch_must_split_into_micro_batches():
     with pytest.raises(ValueError, match="m=3 micro-batches do not divide batch=8"):
         torch_pipeline(2, 3, "gpipe", PP_CONFIG, batch=8, timeout=0.001)
     with pytest.raises(ValueError, match="do not divide n_layer"):
-        check_pipeline(PP_CONFIG, 8, 1)
+        validate_pipeline(PP_CONFIG, 8, 1)
 
 
 def test_notebook_exercises():

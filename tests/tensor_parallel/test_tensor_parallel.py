@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course_lib.common.models import Block, GPTConfig, param_count
-from course_lib.tensor_parallel.layers import check_tp_degree, expected_block_bytes, qkv_rows
+from course_lib.tensor_parallel.layers import validate_tp_degree, expected_block_bytes, qkv_rows
 from course_lib.tensor_parallel.measure import TP_CONFIG, measure_tp, measure_tp_model
 from course_lib.tensor_parallel.show import format_tp, tp_explorer
 
@@ -80,7 +80,7 @@ def test_tp_explorer_reports_measured_bytes():
                                         (2.0, "positive integer")])
 def test_bad_degree_fails_before_start(t, message):
     with pytest.raises(ValueError, match=message):
-        check_tp_degree(TP_CONFIG, t)
+        validate_tp_degree(TP_CONFIG, t)
     with pytest.raises(ValueError, match=message):
         measure_tp(t, "hand", timeout=0.001)   # would time out if any process started
 
