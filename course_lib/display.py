@@ -33,3 +33,11 @@ def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")
         f"<pre style='font-size:11px'>{html.escape(inspect.getsource(obj))}</pre></td>"
         for title, obj in zip(titles, (left, right)))
     return HTML(f"<table><tr>{cells}</tr></table>")
+
+#: Okabe & Ito's eight colours (safe for the common colour-vision deficiencies): ranks, chunks,
+#: groups and actions in the conceptual figures (chapters 05-09), in this order.
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+             "#000000")
+#: Smallest text in a conceptual figure: 11 pt at DPI 80 is 12 px, 9 CSS pt when the PNG is
+#: shown at its own size (JupyterLab does, up to the notebook's width).
+MIN_PT = 11
