@@ -39,14 +39,16 @@ def _order_rank(schedules: tuple[str, ...], m: int) -> dict[str, dict[int, list]
 def torch_schedule_order(schedules=("interleaved-1f1b", "zb-v"), p: int = 2,
                          m: int = 4) -> dict[str, dict[int, list]]:
     """``{schedule: {rank: [action or None per time step]}}`` as torch plans it for ``p`` ranks
-    and ``m`` micro-batches (one launch of ``p`` ranks; only multi-stage schedules keep a plan)."""
+    and ``m`` micro-batches (one launch of ``p`` ranks). Only the multi-stage schedules: torch's
+    plans for GPipe and 1F1B list each rank's order without idle steps (not aligned in time)."""
     schedules = tuple(schedules)
     positive_int(p, "p")
     positive_int(m, "m")
     for name in schedules:
         if name not in TORCH_SCHEDULES or TORCH_SCHEDULES[name][1] < 2:
             multi = sorted(k for k, (_, v) in TORCH_SCHEDULES.items() if v > 1)
-            raise ValueError(f"{name!r} keeps no per-rank plan; choose from {multi}")
+            raise ValueError(f"{name!r}: torch's plan for a single-stage schedule is each rank's "
+                             f"order without idle steps, not time steps; choose from {multi}")
     if p < 2 or m < p:
         raise ValueError(f"p={p}, m={m}: need p >= 2 ranks and m >= p micro-batches")
     return run(_order_rank, p, schedules, m, threads=1)[0]

@@ -81,3 +81,10 @@ def test_bytes_summary_folds_equal_ranks_and_names_a_difference():
     broken = _report(10, 10)
     broken["ranks"][1]["bytes_measured"] = {**broken["ranks"][1]["bytes_measured"], "grads": 11}
     assert bytes_summary(broken)[0].startswith("1 of 2 ranks differ: 1")
+
+
+def test_schedule_order_refuses_before_any_process_starts():
+    with pytest.raises(ValueError, match="single-stage"):
+        torch_schedule_order(("gpipe",))
+    with pytest.raises(ValueError, match="m >= p"):
+        torch_schedule_order(p=4, m=2)
