@@ -2,7 +2,7 @@
 give 2 and 4 bars per stage, and each bar's segments add up to that rank's census total.
 
 The objects here are the course's prediction laid out like a census result (a DeepSpeed run on
-4 ranks costs tens of seconds); ``test_deepspeed.py`` draws the real census of its run."""
+4 ranks costs tens of seconds); ``test_deepspeed.py`` draws the real census of its 2-rank run."""
 from __future__ import annotations
 
 import matplotlib
