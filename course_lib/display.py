@@ -64,3 +64,10 @@ def show_source(*objects: object, open: bool = False):
                      f" ({html.escape(where)}, {len(lines)} lines)</summary>"
                      f"<pre style='font-size:0.85em'>{html.escape(''.join(lines))}</pre></details>")
     return HTML("".join(parts))
+#: Okabe & Ito's eight colours (safe for the common colour-vision deficiencies): ranks, chunks,
+#: groups and actions in the conceptual figures (chapters 05-09), in this order.
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+             "#000000")
+#: Smallest text in a conceptual figure: 11 pt at DPI 80 is 12 px, 9 CSS pt when the PNG is
+#: shown at its own size (JupyterLab does, up to the notebook's width).
+MIN_PT = 11

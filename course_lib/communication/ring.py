@@ -29,7 +29,7 @@ from course_lib.data_parallel.ddp_internals import bytes_written
 from course_lib.launcher.launch import run
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "compare_ring",
-           "ring_traffic"]
+           "ring_traffic", "ring_steps"]
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> None:
@@ -156,3 +156,42 @@ def ring_traffic(worlds: Sequence[int] = (2, 3, 4), size: int = 2**22,
                      "formula": 2 * (world - 1) / world * size,
                      "equal": [r["equal"] for r in per_rank]})
     return rows
+
+
+def _steps_rank(ring: Callable, per_chunk: int) -> list[dict]:
+    """On every rank: run ``ring`` on ``2**rank`` everywhere, recording each ``dist.isend``:
+    which chunk of the tensor it sends (from the view's offset), to whom, and the ranks whose
+    values it already holds (the bits of the float sum: exact up to 24 ranks)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.full((per_chunk * world,), float(2 ** rank))
+    base, size = tensor.data_ptr(), tensor.element_size()
+    sends, isend = [], dist.isend
+
+    def recorded(t, dst, *args, **kwargs):
+        offset = (t.data_ptr() - base) // size
+        inside = 0 <= offset < tensor.numel() and offset % per_chunk == 0
+        bits = int(t.view(-1)[0].item())
+        sends.append({"step": len(sends) + 1, "src": rank, "dst": dst,
+                      "chunk": offset // per_chunk if inside else None,
+                      "ranks": [r for r in range(world) if bits >> r & 1]})
+        return isend(t, dst, *args, **kwargs)
+
+    dist.isend = recorded
+    try:
+        ring(tensor)
+    finally:
+        dist.isend = isend
+    if not torch.equal(tensor, torch.full_like(tensor, float(2 ** world - 1))):
+        raise AssertionError(f"rank {rank}: the ring's result is not the sum of every rank")
+    return sends
+
+
+def ring_steps(world: int = 4, ring: Callable | None = None, per_chunk: int = 2) -> list[dict]:
+    """Run ``ring`` (default :func:`ring_all_reduce`) on ``world`` real ranks and return every
+    message it sent, as recorded by the ranks: ``step``, ``src``, ``dst``, ``chunk`` (index of
+    the chunk sent) and ``ranks`` (whose values the chunk held when it left), sorted by step."""
+    validate_request(["all_reduce"], [4 * per_chunk * world], world)
+    if not 2 <= world <= 24:
+        raise ValueError(f"ring_steps needs 2 to 24 ranks, got {world}")
+    per_rank = run(_steps_rank, world, ring or ring_all_reduce, per_chunk, threads=1)
+    return sorted((m for sends in per_rank for m in sends), key=lambda m: (m["step"], m["src"]))

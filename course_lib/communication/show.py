@@ -1,4 +1,6 @@
-"""Chapter 5's figures and widget: bus bandwidth, the α-β fit, DDP scaling, the link sweep, what-if.
+"""Chapter 5's figures and widget: bus bandwidth, the α-β fit, DDP scaling, the link sweep, what-if,
+and two conceptual ones: the ring's messages (:func:`plot_ring_steps`, from
+:func:`~course_lib.communication.ring.ring_steps`) and the α-β split (:func:`plot_alpha_beta`).
 
 Figures take the measured rows (never recompute them); :func:`whatif_widget` puts sliders in
 front of :func:`course_lib.communication.whatif.whatif_table`.
@@ -15,9 +17,10 @@ from course_lib.communication.benchmark import CollectiveResult
 from course_lib.communication.link_sweep import LinkRow
 from course_lib.communication.scaling import ScalingRow
 from course_lib.communication.whatif import LINKS, STRATEGIES, whatif_table
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, MIN_PT, OKABE_ITO
 
-__all__ = ["plot_busbw", "plot_fit", "plot_scaling", "plot_link_sweep", "whatif_widget"]
+__all__ = ["plot_busbw", "plot_fit", "plot_scaling", "plot_link_sweep", "whatif_widget",
+           "plot_ring_steps", "plot_alpha_beta"]
 
 _SIZE = dict(figsize=FIGSIZE, dpi=DPI)
 
@@ -135,5 +138,77 @@ def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
     ax.margins(y=0.25)
     ax.set_title(title or "One training step, two nodes, one link", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_steps(messages: Sequence[Mapping]) -> Figure:
+    """One row per rank, one column per step: the chunk the rank sent to its right neighbour
+    (colour = chunk) and whose values it carried; the header names the phase the data shows
+    (all-gather = every message already holds every rank's sum)."""
+    world = 1 + max(m["src"] for m in messages)
+    steps = max(m["step"] for m in messages)
+    fig, ax = plt.subplots(figsize=(7.0, 1.0 + 0.55 * world), dpi=DPI)
+    for m in messages:
+        x, y = m["step"] - 1, m["src"]
+        colour = OKABE_ITO[(m["chunk"] or 0) % len(OKABE_ITO)]
+        ax.add_patch(plt.Rectangle((x + 0.04, y + 0.06), 0.92, 0.88, color=colour, alpha=0.8))
+        held = "all" if len(m["ranks"]) == world else "+".join(map(str, m["ranks"]))
+        ax.text(x + 0.5, y + 0.5, f"c{m['chunk']} → r{m['dst']}\n{held}", ha="center",
+                va="center", fontsize=MIN_PT, linespacing=1.1,
+                color="white" if (m["chunk"] or 0) % 8 in (0, 5, 7) else "black")
+    phases: list[list] = []                 # [name, first step, last step]
+    for step in range(1, steps + 1):
+        full = all(len(m["ranks"]) == world for m in messages if m["step"] == step)
+        name = "all-gather" if full else "reduce-scatter"
+        if phases and phases[-1][0] == name:
+            phases[-1][2] = step
+        else:
+            phases.append([name, step, step])
+    for name, first, last in phases:
+        ax.plot([first - 0.96, last - 0.04], [-0.1, -0.1], color="dimgrey", lw=1.5)
+        ax.text((first + last) / 2 - 0.5, -0.16, f"{name} ({last - first + 1})", ha="center",
+                va="bottom", fontsize=MIN_PT, color="dimgrey")
+    ax.set(xlim=(0, steps), ylim=(world, -0.6))
+    ax.set_xticks([s - 0.5 for s in range(1, steps + 1)], [str(s) for s in range(1, steps + 1)],
+                  fontsize=MIN_PT)
+    ax.set_yticks([r + 0.5 for r in range(world)], [f"rank {r}" for r in range(world)],
+                  fontsize=MIN_PT)
+    ax.set_xlabel(f"step (2(p-1) = {steps} on p = {world} ranks); cell: chunk → receiver, "
+                  "and whose values it carries", fontsize=MIN_PT)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_alpha_beta(fits: Mapping[int, AlphaBeta], sizes: Sequence[float] | None = None) -> Figure:
+    """The fitted model split into its two terms, per world size: latency 2(p-1)α (flat) and
+    bandwidth 2(p-1)/p·n·β (rising); they cross at n = p·α/β, the size where a message stops
+    being latency-bound."""
+    sizes = list(sizes or [2.0 ** k for k in range(8, 29)])
+    fig, ax = plt.subplots(figsize=(7.0, 3.6), dpi=DPI)
+    for k, (world, fit) in enumerate(sorted(fits.items())):
+        colour = OKABE_ITO[k % len(OKABE_ITO)]
+        latency = [2 * (world - 1) * fit.alpha * 1e3] * len(sizes)
+        bandwidth = [2 * (world - 1) / world * n * fit.beta * 1e3 for n in sizes]
+        ax.plot(sizes, latency, "--", color=colour, label=f"p={world}: 2(p-1)α")
+        ax.plot(sizes, bandwidth, ":", color=colour, lw=2, label=f"p={world}: 2(p-1)/p·n·β")
+        ax.plot(sizes, [a + b for a, b in zip(latency, bandwidth)], "-", color=colour, lw=2,
+                label=f"p={world}: total")
+        if fit.beta > 0:
+            cross = world * fit.alpha / fit.beta
+            ax.axvline(cross, color=colour, lw=1, alpha=0.6)
+            ax.annotate(f"p={world}: {cross / 1e6:.2g} MB", (cross, 0.02 + 0.09 * k),
+                        xycoords=("data", "axes fraction"), xytext=(4, 0),
+                        textcoords="offset points", fontsize=MIN_PT, color=colour)
+    lowest = min(2 * (w - 1) * f.alpha * 1e3 for w, f in fits.items() if w > 1)
+    ax.set(xscale="log", yscale="log", ylim=(lowest / 10, None))
+    ax.set_xlabel("message size n (bytes); vertical line: n = p·α/β", fontsize=MIN_PT)
+    ax.set_ylabel("all-reduce time (ms)", fontsize=MIN_PT)
+    ax.tick_params(labelsize=MIN_PT)
+    ax.set_title("left of the line latency-bound, right of it bandwidth-bound", fontsize=MIN_PT)
+    ax.legend(fontsize=MIN_PT, ncol=1, loc="center left", bbox_to_anchor=(1.0, 0.5),
+              frameon=False)
     fig.tight_layout()
     return fig

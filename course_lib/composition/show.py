@@ -1,11 +1,137 @@
-"""Chapter 09's widget: pick a model and a layout, read the per-GPU model states at scale."""
+"""Chapter 09's figures, byte verdicts and widget.
+
+:func:`plot_mesh` draws a real ``DeviceMesh`` (what :func:`~course_lib.composition.mesh.show_meshes`
+returned from the ranks); :func:`plot_schedule_order` the plan torch's schedule objects made
+(:func:`~course_lib.composition.schedule_order.torch_schedule_order`); :func:`bytes_summary` folds
+a run's per-rank byte table into one verdict line; the widget reads the model states at scale.
+"""
 from __future__ import annotations
 
 import math
+import re
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
 from course_lib.composition.scale import SCALE_PRESETS, at_scale
+from course_lib.display import DPI, MIN_PT, OKABE_ITO
 
-__all__ = ["layout_widget", "layout_line"]
+__all__ = ["layout_widget", "layout_line", "plot_mesh", "plot_schedule_order", "bytes_summary"]
+
+_ACTION = re.compile(r"(\d+)([A-Z_]+)(\d*)")
+_KINDS = {"F": ("forward", OKABE_ITO[0]), "B": ("backward (full)", OKABE_ITO[5]),
+          "I": ("backward, input grad", OKABE_ITO[1]), "W": ("backward, weight grad", OKABE_ITO[2])}
+
+
+def _cell(coordinate: Sequence[int], shape: Sequence[int]) -> tuple[float, int]:
+    """Where a rank's square goes: 1-D a row, 2-D the grid, 3-D blocks of dim 0 side by side."""
+    if len(shape) == 1:
+        return float(coordinate[0]), 0
+    if len(shape) == 2:
+        return float(coordinate[1]), coordinate[0]
+    return coordinate[0] * (shape[2] + 0.6) + coordinate[2], coordinate[1]
+
+
+def plot_mesh(ranks: Sequence[Mapping]) -> Figure:
+    """One panel per mesh dimension: every rank at its mesh coordinate, coloured by the process
+    group it joins along that dimension (the group's ranks as ``dist.get_process_group_ranks``
+    read them inside the rank)."""
+    names = list(ranks[0]["dims"])
+    shape = [len(ranks[0]["dims"][n]["group_ranks"]) for n in names]
+    cells = {r["rank"]: _cell([r["dims"][n]["coordinate"] for n in names], shape) for r in ranks}
+    width = max(x for x, _ in cells.values()) + 1
+    rows = max(y for _, y in cells.values()) + 1
+    fig, axes = plt.subplots(1, len(names), figsize=(7.0, 1.2 + 0.6 * rows), dpi=DPI,
+                             squeeze=False)
+    for ax, name in zip(axes[0], names):
+        groups = sorted({tuple(r["dims"][name]["group_ranks"]) for r in ranks})
+        for r in ranks:
+            x, y = cells[r["rank"]]
+            group = groups.index(tuple(r["dims"][name]["group_ranks"]))
+            ax.add_patch(Rectangle((x, -y), 0.9, 0.9, color=OKABE_ITO[group % len(OKABE_ITO)],
+                                   alpha=0.85))
+            ax.text(x + 0.45, -y + 0.45, str(r["rank"]), ha="center", va="center",
+                    fontsize=MIN_PT + 1, color="white" if group % 8 in (0, 5, 7) else "black")
+        ax.set(xlim=(-0.1, width), ylim=(-rows + 0.9, 1.0), aspect="equal", xticks=[], yticks=[])
+        ax.set_title(f"{name}: {len(groups)} × {len(groups[0])} ranks", fontsize=MIN_PT)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    dims = " × ".join(f"{n} {s}" for n, s in zip(names, shape))
+    fig.suptitle(f"DeviceMesh {dims}: same colour = one process group", fontsize=MIN_PT)
+    place = (f"left to right: {names[0]}" if len(names) == 1 else
+             f"rows: {names[0]}, columns: {names[1]}" if len(names) == 2 else
+             f"blocks: {names[0]}, rows: {names[1]}, columns: {names[2]}")
+    fig.supxlabel(place, fontsize=MIN_PT)
+    fig.tight_layout()
+    return fig
+
+
+def plot_schedule_order(orders: Mapping[str, Mapping[int, Sequence]]) -> Figure:
+    """One panel per schedule, one row per rank, one column per time step of torch's plan:
+    the action's kind as colour, its micro-batch as the number, paler = the rank's later stage."""
+    fig, axes = plt.subplots(len(orders), 1, dpi=DPI, squeeze=False,
+                             figsize=(7.0, 0.6 + sum(0.45 * len(o) + 0.5 for o in orders.values())))
+    kinds = set()
+    for ax, (name, order) in zip(axes[:, 0], orders.items()):
+        p = len(order)
+        for rank, actions in order.items():
+            for t, action in enumerate(actions):
+                parsed = _ACTION.fullmatch(action) if action else None
+                if parsed is None or parsed[2] not in _KINDS:
+                    continue
+                stage, kind, micro = int(parsed[1]), parsed[2], parsed[3]
+                kinds.add(kind)
+                later = stage >= p
+                ax.add_patch(Rectangle((t, -rank), 0.95, 0.85, facecolor=_KINDS[kind][1],
+                                       alpha=0.45 if later else 1.0, lw=0))
+                ax.text(t + 0.47, -rank + 0.42, micro, ha="center", va="center", fontsize=MIN_PT,
+                        color="white" if kind in "FB" and not later else "black")
+        steps = max(len(a) for a in order.values())
+        ax.set(xlim=(0, steps), ylim=(-p + 0.9, 0.95), yticks=[-r + 0.42 for r in range(p)],
+               xlabel="time step of the plan" if ax is axes[-1, 0] else None)
+        ax.set_yticklabels([f"rank {r}" for r in range(p)], fontsize=MIN_PT)
+        ax.tick_params(axis="x", labelsize=MIN_PT)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"{name}: {steps} steps, {sum(a is None for o in order.values() for a in o)}"
+                     " idle slots", fontsize=MIN_PT)
+    handles = [Patch(color=_KINDS[k][1], label=_KINDS[k][0]) for k in _KINDS if k in kinds]
+    handles.append(Patch(facecolor="grey", alpha=0.45, label="paler: the rank's later stage"))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=MIN_PT, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 + 0.05 * (len(handles) > 3), 1, 1))
+    return fig
+
+
+def bytes_summary(report: Mapping) -> tuple[str, str]:
+    """One verdict line for a run's per-rank byte counts, and the full table as ``<details>`` HTML.
+
+    Ranks with equal bytes are grouped ("ranks 0-3"), so the line stays one line at any size."""
+    ranks = report["ranks"]
+    ok = [r["bytes_measured"] == r["bytes_predicted"] for r in ranks]
+    line = (f"all {len(ranks)} ranks: measured == predicted" if all(ok) else
+            f"{ok.count(False)} of {len(ranks)} ranks differ: "
+            + ", ".join(str(r["rank"]) for r, good in zip(ranks, ok) if not good))
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(r["bytes_measured"]["model_states"], []).append(r["rank"])
+    line += " (model states: " + "; ".join(
+        f"rank{'s' * (len(g) > 1)} {_span(g)} {b:,} B" for b, g in groups.items()) + ")"
+    cols = ("params", "grads", "optimizer", "model_states")
+    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
+    body = "".join(
+        f"<tr><td>{r['rank']}</td><td>{kind}</td>"
+        + "".join(f"<td style='text-align:right'>{r[f'bytes_{kind}'][c]:,}</td>" for c in cols)
+        + "</tr>" for r in ranks for kind in ("measured", "predicted"))
+    return line, (f"<details><summary>bytes per rank ({len(ranks)} ranks × measured, predicted)"
+                  f"</summary><table><tr><th>rank</th><th></th>{head}</tr>{body}</table></details>")
+
+
+def _span(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3]`` -> ``"0-3"``, ``[0, 2]`` -> ``"0, 2"``."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def layout_line(model: str, tp: int, pp: int, dp_shard: int, gpu_gb: int = 80) -> str:

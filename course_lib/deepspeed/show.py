@@ -17,7 +17,7 @@ from course_lib.memory.predict import bytes_per_param
 from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, param_shapes
 
 __all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget",
-           "precision_rows", "precision_table"]
+           "precision_rows", "precision_table", "plot_stage_holdings"]
 
 
 def _largest(config: GPTConfig) -> int:
@@ -195,3 +195,43 @@ def deepspeed_widget(result: dict, measure: Callable[[int], dict] | None = None)
 
     return widgets.interactive(show, stage=widgets.Dropdown(options=[0, 1, 2, 3], value=2),
                                world=widgets.Dropdown(options=sorted({first, 2, 4}), value=first))
+
+
+def plot_stage_holdings(result: dict, moment: str = "after_backward"):
+    """One panel per ZeRO stage, one stacked bar per rank: the bytes the census found in that
+    rank's engine, per category, at ``moment`` (``"after_backward"`` or ``"after_step"``).
+
+    The dotted line is stage 0's total divided by N: what a rank would hold if *everything* were
+    partitioned. matplotlib is imported on call (this module's tables are used without it)."""
+    import matplotlib.pyplot as plt
+
+    from course_lib.display import COLORS, DPI, MIN_PT, OKABE_ITO
+    colours = {**COLORS, "master": OKABE_ITO[4], "buckets": OKABE_ITO[6], "other": "#8c8c8c"}
+    ranks = result["ranks"]
+    world = ranks[0]["world_size"]
+    stages = sorted(k for k in ranks[0] if isinstance(k, int))
+    fig, axes = plt.subplots(1, len(stages), figsize=(7.0, 3.6), dpi=DPI, sharey=True,
+                             squeeze=False)
+    used = []
+    for ax, stage in zip(axes[0], stages):
+        bottoms = [0.0] * world
+        for category in CATEGORIES:
+            heights = [(r[stage][moment] or {}).get(category, 0) / 1e6 for r in ranks]
+            if not any(heights):
+                continue
+            ax.bar(range(world), heights, bottom=bottoms, color=colours[category], width=0.7,
+                   label=category if category not in used else None)
+            used.append(category)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        if 0 in stages:
+            everything = (ranks[0][0][moment] or {}).get("model_states", 0) / 1e6 / world
+            ax.axhline(everything, color="black", ls=":", lw=1.5,
+                       label="stage 0 ÷ N" if stage == stages[0] else None)
+        ax.set_title(f"stage {stage}", fontsize=MIN_PT)
+        ax.set_xticks(range(world), [f"r{r}" for r in range(world)], fontsize=MIN_PT)
+        ax.tick_params(axis="y", labelsize=MIN_PT)
+    axes[0, 0].set_ylabel("model states (MB)", fontsize=MIN_PT)
+    fig.supxlabel(f"rank (N = {world}), bytes {moment.replace('_', ' ')}", fontsize=MIN_PT)
+    fig.legend(loc="upper center", ncol=4, fontsize=MIN_PT, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.82))
+    return fig

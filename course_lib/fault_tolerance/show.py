@@ -1,4 +1,5 @@
-"""Chapter 6's figures and widget: checkpoint cost against size, lost time against interval.
+"""Chapter 6's figures and widget: checkpoint cost against size, lost time against interval, and
+the commit protocol as the timeline of the files a run created (:func:`plot_commit_timeline`).
 
 Figures take measured rows or plain numbers; :func:`show_interval` prints
 :func:`course_lib.fault_tolerance.interval.interval_summary` and draws :func:`plot_waste`;
@@ -12,13 +13,14 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, MIN_PT, OKABE_ITO
+from course_lib.fault_tolerance.file_events import classify
 
 from course_lib.fault_tolerance.interval import (expected_waste, interval_summary, simulate_waste,
                                                  young_daly_interval)
 
 __all__ = ["plot_checkpoint_cost", "plot_waste", "format_interval", "show_interval",
-           "interval_widget"]
+           "interval_widget", "plot_commit_timeline"]
 
 
 _SIZE = dict(figsize=FIGSIZE, dpi=DPI)
@@ -108,3 +110,56 @@ def interval_widget():
         restart_s=w.FloatSlider(value=120, min=0, max=1800, step=30,
                                 description="restart cost R (s)", style=style),
     )
+
+
+#: kind -> (matplotlib marker, colour, size)
+_EVENT_STYLE = {"tmp dir": ("s", "#999999", 60), "shard": ("o", OKABE_ITO[0], 70),
+                "metadata": ("D", OKABE_ITO[1], 60), "marker": ("^", OKABE_ITO[2], 90),
+                "commit rename": ("*", OKABE_ITO[3], 220), "crash": ("X", OKABE_ITO[5], 200)}
+
+
+def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
+    """One panel per save (``step_N``), one row per rank, x = the order of the file operations
+    of the commit protocol in time (they can be microseconds apart), as recorded inside the
+    ranks by :func:`course_lib.fault_tolerance.file_events.traced_run`; the title gives the
+    save's duration; a SIGKILL is drawn in the save its rank was in."""
+    import re
+    saves: dict[str, list] = {}
+    current: dict[int, str] = {}
+    for e in events:
+        kind = classify(e)
+        if kind == "other":
+            continue
+        found = re.search(r"step_\d+", e["path"])
+        save = found[0] if found else current.get(e["rank"])
+        if save is None:
+            continue
+        current[e["rank"]] = save
+        saves.setdefault(save, []).append((e, kind))
+    ranks = sorted({e["rank"] for e in events}) or [0]
+    fig, axes = plt.subplots(1, max(len(saves), 1), figsize=(7.0, 1.9 + 0.35 * len(ranks)),
+                             dpi=DPI, sharey=True, squeeze=False)
+    seen = set()
+    for ax, (save, items) in zip(axes[0], saves.items()):
+        for k, (e, kind) in enumerate(items):
+            marker, colour, size = _EVENT_STYLE[kind]
+            ax.scatter(k + 1, e["rank"], marker=marker, color=colour, s=size,
+                       zorder=3, label=None if kind in seen else kind)
+            seen.add(kind)
+        committed = any(kind == "commit rename" for _, kind in items)
+        ms = (items[-1][0]["t"] - items[0][0]["t"]) * 1e3
+        ax.set_title(f"{save}, {ms:.0f} ms\n{'committed' if committed else 'NOT committed'}",
+                     fontsize=MIN_PT, color="black" if committed else OKABE_ITO[5])
+        ax.set_xlabel("n-th file operation", fontsize=MIN_PT)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelsize=MIN_PT)
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.15)
+    axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=MIN_PT)
+    axes[0, 0].set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
+    order = [k for k in _EVENT_STYLE if k in seen]
+    handles, labels = zip(*sorted(((h, l) for a in axes[0] for h, l in zip(*a.get_legend_handles_labels())),
+                                  key=lambda hl: order.index(hl[1])))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=MIN_PT, frameon=False)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
+    return fig

@@ -1,4 +1,8 @@
-"""Chapter 7's widget over :func:`course_lib.finetuning.planner.plan` (tests call ``plan``).
+"""Chapter 7's figures and widget: LoRA's two paths, the fine-tuning methods' memory, the planner.
+
+:func:`plot_lora` reads a LoRA model's own layers (shapes and ``requires_grad``);
+:func:`plot_finetune_memory` draws measured reports; :func:`planner_widget` fronts
+:func:`course_lib.finetuning.planner.plan` (tests call ``plan``).
 
 Each widget keeps its own cache of fake-tensor measurements, so a setting seen before answers at
 once; a new one costs fake-tensor runs (seconds for the tiny preset, tens of seconds for
@@ -6,12 +10,122 @@ once; a new one costs fake-tensor runs (seconds for the tiny preset, tens of sec
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
-from IPython.display import display
+from typing import Mapping
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from course_lib.display import COLORS, DPI, MIN_PT, OKABE_ITO
 from course_lib.finetuning.planner import plan
 
-__all__ = ["planner_widget"]
+__all__ = ["planner_widget", "plot_lora", "plot_finetune_memory"]
+
+_FROZEN, _TRAINABLE = "#999999", OKABE_ITO[2]
+
+
+def _lora_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's LoRA layers, by shape of the thing (a ``base`` and parameters ``A``, ``B``):
+    a notebook cell's own ``LoRALinear`` class counts as much as the library's."""
+    return [m for m in model.modules() if hasattr(m, "base")
+            and isinstance(getattr(m, "A", None), torch.nn.Parameter)
+            and isinstance(getattr(m, "B", None), torch.nn.Parameter)]
+
+
+def _lora_counts(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Per wrapped target (``attn.qkv``, …, summed over blocks) and for everything else:
+    (frozen, trainable) parameter counts, read from ``requires_grad``."""
+    counts: dict[str, list[int]] = {}
+    wrapped, layers = set(), _lora_modules(model)
+    for name, module in model.named_modules():
+        if any(module is layer for layer in layers):
+            key = ".".join(name.split(".")[-2:])
+            for p in module.parameters():
+                counts.setdefault(key, [0, 0])[p.requires_grad] += p.numel()
+                wrapped.add(id(p))
+    rest = counts.setdefault("everything else", [0, 0])
+    for p in model.parameters():
+        if id(p) not in wrapped:
+            rest[p.requires_grad] += p.numel()
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def plot_lora(model: torch.nn.Module) -> Figure:
+    """Left: the first LoRA layer, W (frozen) and A, B (trainable) drawn to scale (width = in
+    features, height = out or r). Right: frozen and trainable parameters per wrapped target."""
+    layers = _lora_modules(model)
+    if not layers:
+        raise ValueError("the model has no LoRA layer (a module with base, A and B): call add_lora")
+    layer = layers[0]
+    out_f, in_f, r = layer.out_features, layer.in_features, layer.r
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.0, 3.8), dpi=DPI,
+                                      gridspec_kw={"width_ratios": (1, 1.25)})
+    gap = 0.25 * in_f
+    boxes = {"W": (0.0, 0.0, in_f, out_f, _FROZEN),
+             "A": (in_f + gap, out_f - r, in_f, r, _TRAINABLE),
+             "B": (2 * in_f + 2 * gap, 0.0, r, out_f, _TRAINABLE)}
+    where = {"W": (in_f / 2, -0.04 * out_f, "center", "top"),
+             "A": (1.5 * in_f + gap, out_f - r - 0.04 * out_f, "center", "top"),
+             "B": (2 * in_f + 2 * gap + r + 0.05 * in_f, out_f / 2, "left", "center")}
+    for label, (x, y, w, h, colour) in boxes.items():
+        left.add_patch(Rectangle((x, y), w, h, color=colour))
+        tensor = layer.base.weight if label == "W" else getattr(layer, label)
+        tx, ty, ha, va = where[label]
+        left.text(tx, ty, f"{label}\n{tensor.shape[0]}×{tensor.shape[1]}", ha=ha, va=va,
+                  fontsize=MIN_PT)
+    left.add_patch(FancyArrowPatch((2 * in_f + gap, out_f - r / 2), (2 * in_f + 2 * gap, out_f - r / 2),
+                                   arrowstyle="->", mutation_scale=12))
+    left.set(xlim=(-0.05 * in_f, 2.6 * in_f + 2 * gap + r), ylim=(-0.3 * out_f, 1.05 * out_f),
+             aspect="equal", xticks=[], yticks=[])
+    left.set_title(f"one layer to scale, r = {r}", fontsize=MIN_PT)
+    left.set_xlabel(f"{len(layers)} LoRA layers in the model", fontsize=MIN_PT)
+    for side in left.spines.values():
+        side.set_visible(False)
+    counts = _lora_counts(model)
+    names = list(counts)
+    for k, (colour, label) in enumerate(((_FROZEN, "frozen"), (_TRAINABLE, "trainable"))):
+        values = [counts[n][k] for n in names]
+        bars = right.barh([i + (k - 0.5) * 0.4 for i in range(len(names))], values, 0.4,
+                          color=colour, label=label)
+        right.bar_label(bars, [f"{v:,}" for v in values], fontsize=MIN_PT, padding=2)
+    right.set_yticks(range(len(names)), names, fontsize=MIN_PT)
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlim(right=right.get_xlim()[1] * 30)
+    right.set_xlabel("parameters (log scale)", fontsize=MIN_PT)
+    trainable = sum(t for _, t in counts.values())
+    total = sum(f + t for f, t in counts.values())
+    right.set_title(f"trainable {trainable:,} of {total:,} ({100 * trainable / total:.1f} %)",
+                    fontsize=MIN_PT)
+    right.legend(fontsize=MIN_PT, loc="lower right")
+    right.tick_params(axis="x", labelsize=MIN_PT)
+    fig.tight_layout()
+    return fig
+
+
+def plot_finetune_memory(reports: Mapping[str, Mapping]) -> Figure:
+    """One stacked bar per method: its measured bytes per category (MB); the marker is its peak."""
+    categories = ("params", "buffers", "grads", "optimizer", "activations")
+    fig, ax = plt.subplots(figsize=(7.0, 3.5), dpi=DPI)
+    methods = list(reports)
+    bottoms = [0.0] * len(methods)
+    for category in categories:
+        heights = [reports[m][category] / 1e6 for m in methods]
+        if any(heights):
+            ax.bar(methods, heights, 0.6, bottom=bottoms, color=COLORS[category], label=category)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.hlines([reports[m]["peak"] / 1e6 for m in methods], [i - 0.38 for i in range(len(methods))],
+              [i + 0.38 for i in range(len(methods))], colors="black", lw=2.5,
+              label="peak (measured)")
+    ax.set_ylabel("bytes measured (MB)", fontsize=MIN_PT)
+    ax.set_xlabel("fine-tuning method", fontsize=MIN_PT)
+    ax.tick_params(labelsize=MIN_PT)
+    ax.legend(fontsize=MIN_PT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return fig
 
 _MODELS = ("tiny", "small", "medium", "gpt-7b")
 

@@ -229,3 +229,13 @@ def test_widget_function_shows_measured_and_predicted(result):
     assert f"{measured:,}" in text and "DeepSpeed's estimator" in text and "fsdp" in text
     widget = deepspeed_widget(result)  # answers N = 2 from the result, without a launch
     assert [c.value for c in widget.children[:2]] == [2, 2]
+
+
+def test_holdings_figure_draws_the_census_of_the_run(result):
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib.deepspeed.show import plot_stage_holdings
+    from test_figures_deepspeed import bar_totals
+    for stage, totals in enumerate(bar_totals(plot_stage_holdings(result))):
+        assert totals == pytest.approx([r[stage]["after_backward"]["model_states"] / 1e6
+                                        for r in result["ranks"]])
