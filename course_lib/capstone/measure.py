@@ -26,7 +26,7 @@ from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, 
 from course_lib.fault_tolerance.training import Fault
 from course_lib.launcher.launch import run
 
-__all__ = ["LAYOUTS", "check_run", "dp_size", "step_flops", "predict_run", "train_gpt"]
+__all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "predict_run", "train_gpt"]
 
 #: the layouts the chapter runs (one process first)
 LAYOUTS = ({}, {"dp": 2}, {"dp_shard": 2}, {"tp": 2}, {"pp": 2}, {"dp_shard": 2, "tp": 2})
@@ -38,7 +38,7 @@ def dp_size(layout: dict[str, int]) -> int:
     return math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
 
 
-def check_run(layout: object, preset: str | GPTConfig, steps: object, batch_size: object,
+def validate_run(layout: object, preset: str | GPTConfig, steps: object, batch_size: object,
               ckpt_dir: object = None) -> tuple[dict[str, int], GPTConfig]:
     """The layout and config, or a ``ValueError`` saying what to change (no process started)."""
     config = get_config(preset)
@@ -73,7 +73,7 @@ def step_flops(config: GPTConfig, batch_size: int) -> int:
 def predict_run(layout: dict, preset: str | GPTConfig = "small", batch_size: int = 8) -> dict:
     """Before any process starts: per rank the predicted model-state bytes (params, grads,
     optimizer, model_states), and the FLOPs of one step on the global batch."""
-    layout, config = check_run(layout, preset, 1, batch_size)
+    layout, config = validate_run(layout, preset, 1, batch_size)
     world = math.prod(layout.values()) if layout else 1
     if "pp" in layout:  # stage = the rank's pp coordinate (pp is the outermost mesh dimension)
         per_stage = world // layout["pp"]
@@ -99,7 +99,7 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
     ``cores``, ``params`` (dense) and ``ranks``: per rank ``bytes_measured`` and
     ``bytes_predicted``.
     """
-    layout, config = check_run(layout, preset, steps, batch_size, ckpt_dir)
+    layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
     predicted = predict_run(layout, config, batch_size)
     kwargs = {"batch_size": batch_size // dp_size(layout), "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,

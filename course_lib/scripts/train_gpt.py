@@ -1,25 +1,14 @@
 r"""Train the course GPT on any dense layout of chapter 09, under torchrun, resuming after a crash.
 
-Chapter 12 (``12_capstone_train_gpt``): the same loop as ``course_lib.train_gpt`` (the rank side,
-:func:`course_lib.capstone.train.train_rank`), launched by torchrun. On your own machine (keep
-checkpoints in a folder of your own: ``mktemp -d``):
-
-    D=$(mktemp -d)
-    torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m course_lib.scripts.train_gpt \
-        --config course_lib/scripts/train_gpt.toml --layout dp_shard=2,tp=2 --ckpt-dir $D/ckpt
-
-Options come from a TOML file (``--config``, sections as torchtitan's: ``[model]``,
-``[training]``, ``[parallelism]``, ``[checkpoint]``) and the command line (which wins). The
-layout's sizes must multiply to the world size; ``--layout ""`` is one process. Make a rank fail
-on purpose with ``COURSE_FT_FAULTS=attempt:rank:step:kind`` (chapter 06's faults). On a cluster,
-``course_lib.capstone.cluster`` writes the Slurm and Kubernetes files that run this script
-unchanged, on the nodes' CPUs (gloo: the loop builds its meshes and tensors on CPU; moving it to
-GPUs, with NCCL, is not done here). ``--standalone`` is for your own machine only: torchrun's stores have no
-authentication and listen on every interface; on a shared machine use ``course_lib.torchrun``
-(a private network namespace), on a cluster its private network.
-
-Rank 0 writes ``{"losses": tensor, "params": {name: tensor}}`` to ``--out`` (read it with
-``torch.load(path, weights_only=True)``).
+The rank side of ``course_lib.train_gpt`` (chapter 12), launched by torchrun, for example
+``torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m course_lib.scripts.train_gpt
+--config course_lib/scripts/train_gpt.toml --layout dp_shard=2,tp=2 --ckpt-dir "$(mktemp -d)"``.
+Options: a TOML file (torchtitan's sections), the command line wins; ``--layout ""`` is one process.
+``COURSE_FT_FAULTS=attempt:rank:step:kind`` fails a rank on purpose (chapter 06's faults).
+``--standalone`` is for your own machine only: torchrun's stores have no authentication (on a
+shared machine use ``course_lib.torchrun``; ``course_lib.capstone.cluster`` writes Slurm and
+Kubernetes files, gloo on the nodes' CPUs). Rank 0 writes ``{"losses", "params"}`` to ``--out``
+(read with ``torch.load(path, weights_only=True)``). More: docs/decisions.md, scripts/train_gpt.py.
 """
 from __future__ import annotations
 
@@ -30,7 +19,7 @@ import tomllib
 
 import torch
 
-from course_lib.capstone.measure import check_run, dp_size
+from course_lib.capstone.measure import validate_run, dp_size
 from course_lib.capstone.train import train_rank
 from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
 from course_lib.launcher.torchrun import init_distributed
@@ -96,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     o = parse_args(argv)  # a typo fails here, before any process group exists
-    layout, config = check_run(o["layout"], o["preset"], o["steps"], o["batch_size"],
+    layout, config = validate_run(o["layout"], o["preset"], o["steps"], o["batch_size"],
                                o["ckpt_dir"] or None)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if math.prod(layout.values()) != world:
