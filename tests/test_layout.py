@@ -17,7 +17,7 @@ TOP_MODULES = {"__init__.py", "exercises.py", "display.py"}
 BOTTOM = ["launcher", "common", "exercises", "display"]  # any chapter may import these
 CHAPTERS = ["memory", "data_parallel", "sharding", "tensor_parallel", "pipeline_parallel",
             "communication", "fault_tolerance", "finetuning", "deepspeed",
-            "composition", "debugging"]
+            "composition", "debugging", "communicating_less"]
 PRESENTATION = {"show", "plots", "widgets", "progress"}
 GUI = ("matplotlib", "ipywidgets")
 
