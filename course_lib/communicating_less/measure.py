@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from course_lib.common.checks import positive_int
 from course_lib.common.models import MLP
+from course_lib.communicating_less.local_sgd import local_sgd, outer_step
 from course_lib.communicating_less.hooks import HOOKS, START_POWERSGD, check_hook, \
     predicted_payload, register
 from course_lib.data_parallel.ddp_internals import bytes_written
@@ -97,4 +98,49 @@ def compare_hooks(hooks: Sequence[str] = HOOKS, steps: int = 20, sizes: Sequence
         row["predicted_sent"] = 2 * (world - 1) / world * row["payload"]
         row["sent"] = row.pop("sent_per_step")
         row["share"] = row["sent"] / base if base and row["sent"] is not None else None
+    return rows
+
+
+def local_sgd_rank(Hs: Sequence[int], steps: int, inner: str = "adamw", inner_lr: float = 3e-3,
+                   outer_lr: float = 0.7, momentum: float = 0.9, sizes: Sequence[int] = SIZES,
+                   outer=outer_step) -> list[dict]:
+    """On every rank, per H: a fresh student trained by :func:`.local_sgd.local_sgd`; bytes this
+    rank wrote to its sockets per inner step, wall seconds, held-out loss, outer steps."""
+    rank, out = dist.get_rank(), []
+    for H in Hs:
+        torch.manual_seed(SEED)
+        model = MLP(sizes)
+        global_params = [p.detach().clone() for p in model.parameters()]
+        outer_opt = torch.optim.SGD(global_params, lr=outer_lr, momentum=momentum,
+                                    nesterov=momentum > 0)
+        inner_opt = (torch.optim.AdamW(model.parameters(), lr=inner_lr) if inner == "adamw"
+                     else torch.optim.SGD(model.parameters(), lr=inner_lr))
+        batches = [task_batch(step, rank, sizes) for step in range(steps)]
+        dist.barrier()
+        before, start = bytes_written(), time.perf_counter()
+        losses = local_sgd(model, inner_opt, outer_opt, global_params, batches, H, F.mse_loss,
+                           outer=outer)
+        elapsed, after = time.perf_counter() - start, bytes_written()
+        out.append({"H": H, "sent": None if before is None else (after - before) / steps,
+                    "wall_s": elapsed, "loss": eval_loss(model, sizes), "train_loss": losses[-1],
+                    "outer_steps": -(-steps // H),
+                    "params": [p.detach().clone() for p in model.parameters()]})
+    return out
+
+
+def compare_local_sgd(Hs: Sequence[int] = (1, 4, 16), steps: int = 48, world: int = 2,
+                      **options) -> list[dict]:
+    """Local SGD / DiLoCo for each H on ``world`` ranks of one launch (rank 0's row per H).
+
+    ``options`` go to :func:`local_sgd_rank` (``inner``, ``inner_lr``, ``outer_lr``,
+    ``momentum``). Per H: ``sent`` (bytes per inner step, measured), ``predicted_sent`` (one
+    ring all-reduce of the fp32 model per H steps), ``wall_s``, ``loss``, ``outer_steps``.
+    """
+    Hs = [positive_int(h, "H") for h in Hs]
+    steps, world = positive_int(steps, "steps"), positive_int(world, "world")
+    n_params = sum(p.numel() for p in MLP(options.get("sizes", SIZES)).parameters())
+    rows = run(local_sgd_rank, world, Hs, steps, threads=1, **options)[0]
+    for row in rows:
+        row.pop("params")
+        row["predicted_sent"] = 2 * (world - 1) / world * 4 * n_params * row["outer_steps"] / steps
     return rows

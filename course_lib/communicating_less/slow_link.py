@@ -20,7 +20,7 @@ from typing import Sequence
 from course_lib.communication.link_sweep import LinkSweepUnavailable
 
 JOBS = {"hooks": "course_lib.communicating_less.measure:compare_hooks",
-        "local_sgd": "course_lib.communicating_less.local_sgd_measure:compare_local_sgd"}
+        "local_sgd": "course_lib.communicating_less.measure:compare_local_sgd"}
 
 
 def over_slow_link(job: str, rates_mbit: Sequence[float], timeout: float = 180.0,
