@@ -69,6 +69,9 @@ for _module, _names in {
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],
+    # 11 communicating less
+    "communicating_less.measure": ["compare_hooks", "compare_local_sgd"],
+    "communicating_less.replicas": ["survive_a_failure"],
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

@@ -144,3 +144,10 @@ def compare_local_sgd(Hs: Sequence[int] = (1, 4, 16), steps: int = 48, world: in
         row.pop("params")
         row["predicted_sent"] = 2 * (world - 1) / world * 4 * n_params * row["outer_steps"] / steps
     return rows
+
+
+def hooks_and_local_sgd(hook_steps: int = 6, local_steps: int = 16,
+                        Hs: Sequence[int] = (1, 16)) -> dict:
+    """Both measurements in one call: the notebook's slow link starts its namespace once."""
+    return {"hooks": compare_hooks(HOOKS, steps=hook_steps),
+            "local_sgd": compare_local_sgd(Hs, steps=local_steps)}

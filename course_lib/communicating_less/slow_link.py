@@ -20,7 +20,8 @@ from typing import Sequence
 from course_lib.communication.link_sweep import LinkSweepUnavailable
 
 JOBS = {"hooks": "course_lib.communicating_less.measure:compare_hooks",
-        "local_sgd": "course_lib.communicating_less.measure:compare_local_sgd"}
+        "local_sgd": "course_lib.communicating_less.measure:compare_local_sgd",
+        "both": "course_lib.communicating_less.measure:hooks_and_local_sgd"}
 
 
 def over_slow_link(job: str, rates_mbit: Sequence[float], timeout: float = 180.0,
