@@ -43,6 +43,8 @@ CLOCK = (
     "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
     "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
+    "tests/communicating_less/test_replicas.py::test_the_survivor_counts_every_step",
+    "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",
     # the autograder's time limits and the kernel it interrupts or kills
     "tests/classroom/test_session.py",
     "tests/classroom/test_grader.py",
