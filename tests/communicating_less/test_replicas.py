@@ -36,3 +36,9 @@ def test_the_rejoined_replica_equals_its_peer(lines):
 def test_bad_requests_fail_early(kwargs, message):
     with pytest.raises(ValueError, match=message):
         survive_a_failure(**kwargs)
+
+
+def test_restart_everything_loses_the_steps_since_the_last_checkpoint():
+    from course_lib.communicating_less.restart import restart_everything
+    row = restart_everything(steps=8, kill_at=7, every=4)
+    assert row["resumed_from"] == 4 and row["lost_steps"] == 3
