@@ -77,6 +77,9 @@ for _module, _names in {
     # every chapter: what each rank did, when (issue 36)
     "common.timeline": ["Timeline", "Span", "chrome_trace", "save_chrome_trace"],
     "common.show": ["plot_timeline"],
+    # 11 communicating less
+    "communicating_less.measure": ["compare_hooks", "compare_local_sgd"],
+    "communicating_less.replicas": ["survive_a_failure"],
     # 12 capstone: train a GPT end to end
     "capstone.measure": ["train_gpt", "predict_run"],
 }.items():

@@ -55,6 +55,8 @@ CLOCK = (
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
     "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
     "tests/capstone/test_cluster.py::test_the_generated_command_runs_as_two_loopback_nodes",
+    "tests/communicating_less/test_replicas.py::test_the_survivor_counts_every_step",
+    "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",
     # the autograder's time limits and the kernel it interrupts or kills
     "tests/classroom/test_session.py",
     "tests/classroom/test_grader.py",

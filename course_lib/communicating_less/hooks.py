@@ -1,0 +1,76 @@
+"""DDP communication hooks (chapter 11): what each one puts on the wire, predicted.
+
+A comm hook replaces the all-reduce of each gradient bucket. torch ships them in
+``torch.distributed.algorithms.ddp_comm_hooks``: fp16/bf16 compression (cast, all-reduce,
+cast back: half the bytes) and PowerSGD (Vogels et al., NeurIPS 2019: each gradient matrix
+M (n x m) is all-reduced as two thin factors P (n x r) and Q (m x r); tensors too small to
+gain, such as biases, go uncompressed; the error left out is fed back into the next step).
+On CPU/gloo DDP refuses ``bf16_compress_hook`` by its name (it asks for CUDA and NCCL 2.10+);
+the same compression through torch's ``_compress_hook(torch.bfloat16, ...)`` runs on gloo.
+"""
+from __future__ import annotations
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd_r1", "powersgd_r4")
+START_POWERSGD = 2   # PowerSGD runs plain all-reduces for its first steps (torch requires > 1)
+
+
+def check_hook(name: object) -> str:
+    """The hook's name, or a ValueError naming the known ones (before any process starts)."""
+    if name not in HOOKS:
+        raise ValueError(f"unknown hook {name!r}; choose one of {', '.join(HOOKS)}")
+    return name
+
+
+def powersgd_rank(name: str) -> int:
+    """The matrix approximation rank r in ``powersgd_r<r>``; 0 for the other hooks."""
+    return int(name.rpartition("_r")[2]) if name.startswith("powersgd") else 0
+
+
+def bf16_hook(process_group, bucket):
+    """``bf16_compress_hook``'s work under another name: DDP checks the name, not the backend."""
+    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+
+
+def register(model, name: str) -> None:
+    """Register hook ``name`` on the DDP ``model`` (``allreduce``: DDP's own, nothing to do)."""
+    check_hook(name)
+    if name == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":  # by another name than bf16_compress_hook, which DDP refuses on CPU
+        model.register_comm_hook(None, bf16_hook)
+    elif name.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=powersgd_rank(name),
+                                            start_powerSGD_iter=START_POWERSGD, random_seed=0)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def _compressed(shape: torch.Size, r: int, min_rate: float = 2.0) -> int | None:
+    """Elements PowerSGD all-reduces for a gradient of ``shape`` (P and Q), None if it keeps it
+    uncompressed: torch's ``_should_compress`` (a matrix ``shape[0] x rest`` must shrink
+    ``min_compression_rate`` = 2 times)."""
+    if len(shape) < 2:
+        return None
+    rows = shape[0]
+    cols = torch.Size(shape).numel() // rows
+    small = (rows + cols) * min(r, rows, cols)
+    return small if small * min_rate < rows * cols else None
+
+
+def predicted_payload(shapes, name: str) -> int:
+    """Bytes one step's all-reduces carry (summed over buckets) for gradients of ``shapes``."""
+    check_hook(name)
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    if name in ("fp16", "bf16"):
+        return 2 * numel
+    r = powersgd_rank(name)
+    if not r:
+        return 4 * numel
+    total = 0
+    for shape in shapes:
+        small = _compressed(torch.Size(shape), r)
+        total += 4 * (torch.Size(shape).numel() if small is None else small)
+    return total

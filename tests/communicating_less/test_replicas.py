@@ -1,0 +1,44 @@
+"""Chapter 11's replica failure with torchft: replica 1 is SIGKILLed mid-run and started again;
+replica 0 commits every step without a gap, and the newcomer ends on its peer's weights (it
+started from different ones: only the fetch from its live peer makes them equal)."""
+from __future__ import annotations
+
+import pytest
+
+from course_lib.communicating_less.replicas import summarize, survive_a_failure
+
+pytest.importorskip("torchft")
+STEPS, KILL_AT = 16, 4
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return survive_a_failure(steps=STEPS, kill_at=KILL_AT, step_s=0.05)
+
+
+def test_the_survivor_counts_every_step(lines):
+    s = summarize(lines)
+    assert s["committed"] == list(range(s["first"], s["final"] + 1)) and s["first"] <= KILL_AT
+    assert s["final"] >= STEPS and s["alone"] >= 1 and s["redone"] <= 2
+
+
+def test_the_rejoined_replica_equals_its_peer(lines):
+    s = summarize(lines)
+    assert s["rejoined_at"] is not None and s["rejoined_at"] > KILL_AT
+    assert s["equal"]
+    ends = {l["replica"]: l["loss"] for l in lines if "done" in l}
+    assert ends[0] == ends[1]
+
+
+@pytest.mark.parametrize("kwargs, message", [({"steps": 4, "kill_at": 4}, "kill_at"),
+                                             ({"step_s": -1}, "step_s"),
+                                             ({"steps": 0}, "steps")])
+def test_bad_requests_fail_early(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        survive_a_failure(**kwargs)
+
+
+def test_restart_everything_loses_the_steps_since_the_last_checkpoint():
+    from course_lib.communicating_less.restart import restart_everything
+    row = restart_everything(steps=8, kill_at=7, every=4)
+    assert row["resumed_from"] == 4 and row["lost_steps"] == 3
