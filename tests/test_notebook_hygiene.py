@@ -63,8 +63,8 @@ def test_notebooks_follow_the_course_outline(path):
     assert re.search(rf"^# {path.name[:2]} ", first, re.M), f"{path.name}: first cell must hold the title"
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    assert re.search(r"\]\(0\d_[a-z_]+\.ipynb\)", first), f"{path.name}: no navigation link on top"
-    assert re.search(r"\]\(0\d_[a-z_]+\.ipynb\)", "".join(cells[-1]["source"])), \
+    assert re.search(r"\]\(\d\d_[a-z_]+\.ipynb\)", first), f"{path.name}: no navigation link on top"
+    assert re.search(r"\]\(\d\d_[a-z_]+\.ipynb\)", "".join(cells[-1]["source"])), \
         f"{path.name}: no navigation link at the bottom"
     assert "## Summary" in markdown, f"{path.name}: no summary"
     checks = len(re.findall(r"\bcheck_\w+\(", code))

@@ -17,7 +17,7 @@ HOOKS = ("allreduce", "fp16", "bf16", "powersgd_r1", "powersgd_r4")
 START_POWERSGD = 2   # PowerSGD runs plain all-reduces for its first steps (torch requires > 1)
 
 
-def check_hook(name: object) -> str:
+def validate_hook(name: object) -> str:
     """The hook's name, or a ValueError naming the known ones (before any process starts)."""
     if name not in HOOKS:
         raise ValueError(f"unknown hook {name!r}; choose one of {', '.join(HOOKS)}")
@@ -36,7 +36,7 @@ def bf16_hook(process_group, bucket):
 
 def register(model, name: str) -> None:
     """Register hook ``name`` on the DDP ``model`` (``allreduce``: DDP's own, nothing to do)."""
-    check_hook(name)
+    validate_hook(name)
     if name == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name == "bf16":  # by another name than bf16_compress_hook, which DDP refuses on CPU
@@ -62,7 +62,7 @@ def _compressed(shape: torch.Size, r: int, min_rate: float = 2.0) -> int | None:
 
 def predicted_payload(shapes, name: str) -> int:
     """Bytes one step's all-reduces carry (summed over buckets) for gradients of ``shapes``."""
-    check_hook(name)
+    validate_hook(name)
     numel = sum(torch.Size(s).numel() for s in shapes)
     if name in ("fp16", "bf16"):
         return 2 * numel

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from course_lib.common.checks import positive_int
 from course_lib.common.models import MLP
 from course_lib.communicating_less.local_sgd import local_sgd, outer_step
-from course_lib.communicating_less.hooks import HOOKS, START_POWERSGD, check_hook, \
+from course_lib.communicating_less.hooks import HOOKS, START_POWERSGD, validate_hook, \
     predicted_payload, register
 from course_lib.data_parallel.ddp_internals import bytes_written
 from course_lib.launcher.launch import run
@@ -88,7 +88,7 @@ def compare_hooks(hooks: Sequence[str] = HOOKS, steps: int = 20, sizes: Sequence
     ``share`` (sent / the plain all-reduce's sent, when that hook ran), ``step_s``, ``loss``
     (held-out, after ``START_POWERSGD + steps`` steps).
     """
-    hooks = [check_hook(h) for h in hooks]
+    hooks = [validate_hook(h) for h in hooks]
     steps, world = positive_int(steps, "steps"), positive_int(world, "world")
     shapes = [p.shape for p in MLP(sizes).parameters()]
     rows = run(hooks_rank, world, hooks, steps, tuple(sizes), threads=1)[0]

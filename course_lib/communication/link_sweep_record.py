@@ -23,6 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.common.recorded import _cpu_model
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
                                                  availability, link_sweep, rows_to_dicts)
 
@@ -43,15 +44,6 @@ class Recorded(list):
     label: str
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def record(path: str | Path = RECORDED_PATH, rates: Sequence[float] = RECORD_RATES,
