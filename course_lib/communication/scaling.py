@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.checks import is_int
 from course_lib.common.models import MLP, mlp_param_count
 from course_lib.launcher import devices
+from course_lib.launcher.devices import pin_cores  # noqa: F401 - its home before chapter 04 used it
 from course_lib.launcher.launch import run
 
 __all__ = ["ScalingRow", "measure_scaling", "format_scaling", "scaling_cause", "DEFAULT_SIZES"]
@@ -62,14 +63,6 @@ class ScalingRow:
     def comm_s(self) -> float:
         """Exposed communication: what the all-reduces added to the step (>= 0)."""
         return max(0.0, self.step_s - self.compute_s)
-
-
-def pin_cores(rank: int, threads: int) -> list[int]:
-    """Restrict this process to cores ``rank·threads … rank·threads + threads - 1`` of the ones it
-    may use (its threads created from now on inherit the mask); returns them."""
-    cores = sorted(os.sched_getaffinity(0))[rank * threads:(rank + 1) * threads]
-    os.sched_setaffinity(0, cores)
-    return cores
 
 
 def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,

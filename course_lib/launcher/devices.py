@@ -24,6 +24,14 @@ BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 
 
+def pin_cores(rank: int, threads: int) -> list[int]:
+    """Restrict this process to cores ``rank·threads … rank·threads + threads - 1`` of the ones it
+    may use (its threads created from now on inherit the mask); returns them."""
+    cores = sorted(os.sched_getaffinity(0))[rank * threads:(rank + 1) * threads]
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
 def cpu_count() -> int:
     """Cores this process may use: :func:`usable_cores` (affinity mask and cgroup quota)."""
     return usable_cores()

@@ -137,13 +137,6 @@ def report_verdict(report) -> str:
                        [row]).verdict(report.schedule)
 
 
-def _pin_one_core(rank: int) -> list[int]:
-    """Restrict this rank (and the threads it starts from now on) to core ``rank`` of its mask."""
-    core = sorted(os.sched_getaffinity(0))[rank]
-    os.sched_setaffinity(0, [core])
-    return [core]
-
-
 def _overhead(shape: tuple, repeats: int) -> float:
     """Median one-way time of a send + recv of ``shape`` between ranks 0 and 1 (no compute)."""
     rank = dist.get_rank()
@@ -165,7 +158,7 @@ def _overhead(shape: tuple, repeats: int) -> float:
 def _sweep_rank(config: GPTConfig, schedules: Sequence[str], ms: Sequence[int], micro_batch: int,
                 steps: int, pin: bool, ops: Callable | None) -> tuple:
     if pin:
-        _pin_one_core(dist.get_rank())
+        devices.pin_cores(dist.get_rank(), 1)
     overhead = _overhead((micro_batch, config.seq_len, config.d_model), 20)
     runs = {(s, m): pipeline_rank(config, s, m, m * micro_batch, 0, steps, 1, False, ops)
             for s in schedules for m in ms}
