@@ -4,7 +4,7 @@ loopback is shaped with ``tc`` (a token bucket, as chapter 5's link sweep shapes
 :func:`over_slow_link` starts ``python -m course_lib.communicating_less.slow_link``; that child
 enters fresh network and mount namespaces (:func:`course_lib.launcher._private_net.enter`, before
 it imports torch), sets its loopback to an Ethernet MTU (the bucket's burst holds a packet),
-and per rate shapes it (:func:`course_lib.communication._link_node.shape`) and calls one of
+and per rate shapes it (:func:`course_lib.launcher.netns.shape`) and calls one of
 this chapter's measurements, whose ranks (and their gloo sockets on 127.0.0.1) live inside.
 Nothing outside sees the shaping; the namespace ends with the child. One JSON line per rate.
 """
@@ -59,7 +59,7 @@ def _main() -> None:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
     subprocess.run(["ip", "link", "set", "lo", "mtu", "1500"], check=True)
-    from course_lib.communication._link_node import shape
+    from course_lib.launcher.netns import shape
     module, _, name = JOBS[request["job"]].partition(":")
     measure = getattr(importlib.import_module(module), name)
     for rate in request["rates"]:
