@@ -13,15 +13,12 @@ from matplotlib.figure import Figure
 from course_lib.common.models import get_config
 from course_lib.data_parallel.collectives import CollectiveDemo
 from course_lib.data_parallel.ddp_internals import WIDGET_PRESETS, dp_explorer, fits_per_world
-from course_lib.display import COLORS, DPI, FONT_MIN, RANK_COLORS
+from course_lib.display import COLORS, DPI, FONT_MIN, RANK_COLORS, SUM_COLOR
 from course_lib.memory.report import format_bytes
 
 __all__ = ["plot_collectives", "plot_buckets", "plot_gradient_buckets", "plot_dp_run", "plot_memory_vs_world",
            "format_fits", "show_dp_explorer", "dp_widget"]
 
-_RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
-                "#8c8c8c")
-_SUM = "#bbbbbb"
 
 
 def _arrows(demo: CollectiveDemo) -> list[tuple[int, int]]:
@@ -38,11 +35,11 @@ def _row(ax, x0: float, y: float, values: Sequence[float], colors: Sequence[str]
     for i, (v, c) in enumerate(zip(values, colors)):
         ax.add_patch(plt.Rectangle((x0 + i * 0.5, y - 0.35), 0.5, 0.7, color=c, ec="white"))
         ax.text(x0 + i * 0.5 + 0.25, y, f"{v:g}", ha="center", va="center", fontsize=FONT_MIN,
-                color="white" if c != _SUM else "black")
+                color="white" if c != SUM_COLOR else "black")
 
 
 def _origin(value: float) -> str:
-    return _RANK_COLORS[int(value) // 10 % len(_RANK_COLORS)]
+    return RANK_COLORS[int(value) // 10 % len(RANK_COLORS)]
 
 
 def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
@@ -65,12 +62,12 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
             _row(ax, 0, y, demo.before[rank], [_origin(v) for v in demo.before[rank]])
             summed = demo.name in ("all_reduce", "reduce_scatter")
             _row(ax, x_after, y, demo.after[rank],
-                 [_SUM if summed else _origin(v) for v in demo.after[rank]])
+                 [SUM_COLOR if summed else _origin(v) for v in demo.after[rank]])
             ax.text(-0.15, y, f"r{rank}", ha="right", va="center", fontsize=FONT_MIN)
         for src, dst in _arrows(demo):
             ax.annotate("", xy=(x_after - 0.05, demo.world - 1 - dst),
                         xytext=(width_before + 0.05, demo.world - 1 - src),
-                        arrowprops={"arrowstyle": "->", "color": _RANK_COLORS[src], "lw": 0.7,
+                        arrowprops={"arrowstyle": "->", "color": RANK_COLORS[src], "lw": 0.7,
                                     "alpha": 0.6})
         width_after = max(len(a) for a in demo.after) * 0.5
         ax.set_xlim(-0.6, x_after + width_after + 0.1)

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from course_lib.display import COLORS, DPI, FIGSIZE
-
-_RANK_COLORS = list(COLORS.values())
+from course_lib.display import DPI, FIGSIZE, RANK_COLORS
 
 __all__ = ["format_drift", "plot_step_times", "drift_widget"]
 
@@ -27,7 +25,7 @@ def plot_step_times(rows: list, slow_rank: int | None = None):
     for ax, k, title in ((axes[0], 0, "compute (forward + backward)"),
                          (axes[1], 1, "whole step (with the all-reduce)")):
         for r in range(n):
-            ax.plot([row[k][r] * 1e3 for row in rows], marker="o", color=_RANK_COLORS[r % len(_RANK_COLORS)],
+            ax.plot([row[k][r] * 1e3 for row in rows], marker="o", color=RANK_COLORS[r % len(RANK_COLORS)],
                     label=f"rank {r}" + (" (slowed)" if r == slow_rank else ""))
         ax.set_title(title)
         ax.set_xlabel("step")
