@@ -1,11 +1,13 @@
-"""Shared fixtures (no rank left behind) and the ``clock`` marker: tests whose outcome involves the
-wall clock, listed in one place so that CI can rerun exactly them on a loaded machine.
+"""Shared fixtures (no rank left behind) and two markers, each list in one place:
 
-A ``clock`` test has a deadline, a race, a signal, a kill at some moment, or a measured time in its
-assertion. All tests must pass on a busy 2-core machine; ``.ci/run`` proves it for these by running
-``pytest -m clock`` again while two busy loops occupy both cores (the rest only needs CPU time,
-which load delays but cannot change). ``tests/test_clock_marker.py`` checks that every entry names a
-test that exists.
+* ``clock`` (``CLOCK``): a deadline, a race, a signal or a kill at some moment decides the outcome.
+  It must hold on a busy 2-core machine: CI runs these, and only these, while two busy loops
+  occupy both cores (``COURSE_CLOCK_UNDER_LOAD=2``, tests/under_load.py); locally
+  ``bash .ci/loaded python -m pytest -m clock tests`` does the same.
+* ``timed`` (``TIMED``): compares measured times (the speed lessons). It needs the cores to itself
+  and skips, saying why, on a busy machine; CI runs it without load.
+
+``tests/test_clock_marker.py`` checks that every entry names a test that exists.
 """
 from __future__ import annotations
 
@@ -25,7 +27,25 @@ CLOCK = (
     "tests/launcher/test_torchrun.py",
     "tests/launcher/test_torchrun_store.py",
     "tests/launcher/test_warm_start.py",
-    # measured times in the assertion
+    # deadlines, and kills at a moment
+    "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
+    "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
+    "tests/communication/test_multinode.py::test_both_nodes_meet_in_one_private_network",
+    "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
+    "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
+    "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
+    "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
+    "tests/capstone/test_cluster.py::test_the_generated_command_runs_as_two_loopback_nodes",
+    "tests/communicating_less/test_replicas.py::test_the_survivor_counts_every_step",
+    "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",
+    # the autograder's time limits and the kernel it interrupts or kills
+    "tests/classroom/test_session.py",
+    "tests/classroom/test_grader.py",
+)
+
+# Tests that measure times and compare them (speed lessons): they need the cores to themselves,
+# run where nothing else does, and skip with the reason when the machine is busy; not under load.
+TIMED = (
     "tests/communication/test_comm.py::test_benchmark_measures_every_collective",
     "tests/communication/test_comm.py::test_compare_ring_reports_times_and_equal_results",
     "tests/communication/test_comm.py::test_measured_all_reduce_rows_feed_the_fit",
@@ -46,25 +66,13 @@ CLOCK = (
     "tests/debugging/test_straggler_timeline.py::test_the_slowed_rank_is_named_and_the_others_wait_in_a_collective",
     "tests/sharding/test_fsdp_timeline.py::test_ddp_step_shows_a_bucket_issued_before_the_first_layer_is_done",
     "tests/capstone/test_train_gpt.py::test_throughput_and_mfu_are_measured",
-    # deadlines, and kills at a moment
-    "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
-    "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",
-    "tests/communication/test_multinode.py::test_both_nodes_meet_in_one_private_network",
-    "tests/fault_tolerance/test_checkpoint.py::test_crash_during_save_keeps_previous_checkpoint",
-    "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
-    "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
-    "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
-    "tests/capstone/test_cluster.py::test_the_generated_command_runs_as_two_loopback_nodes",
-    "tests/communicating_less/test_replicas.py::test_the_survivor_counts_every_step",
-    "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",
-    # the autograder's time limits and the kernel it interrupts or kills
-    "tests/classroom/test_session.py",
-    "tests/classroom/test_grader.py",
 )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "clock: the outcome involves the wall clock (see tests/conftest.py)")
+    config.addinivalue_line("markers", "clock: the outcome involves deadlines, kills at a moment or "
+                            "races: it must hold under load (see tests/conftest.py)")
+    config.addinivalue_line("markers", "timed: compares measured times; skips on a busy machine")
 
 
 def pytest_collection_modifyitems(items):
@@ -72,6 +80,8 @@ def pytest_collection_modifyitems(items):
         if any(item.nodeid == entry or item.nodeid.startswith(entry + "::")
                or item.nodeid.startswith(entry + "[") for entry in CLOCK):
             item.add_marker(pytest.mark.clock)
+        if any(item.nodeid == entry or item.nodeid.startswith(entry + "[") for entry in TIMED):
+            item.add_marker(pytest.mark.timed)
 
 
 @pytest.fixture

@@ -31,3 +31,13 @@ def test_clock_entries_cover_every_launcher_test_module():
     listed = {e for e in conftest.CLOCK if "::" not in e}
     no_clock = {"tests/launcher/test_devices.py", "tests/launcher/test_figures_launcher.py"}  # no deadline
     assert modules - no_clock <= listed
+
+
+def test_every_timed_entry_names_an_existing_test_and_none_is_also_a_clock_test():
+    missing = [e for e in conftest.TIMED
+               if not (ROOT / e.partition("::")[0]).is_file()
+               or e.partition("::")[2] not in _tests_in(ROOT / e.partition("::")[0])]
+    assert missing == [], f"timed entries that name no test: {missing}"
+    clock_files = {e for e in conftest.CLOCK if "::" not in e}
+    both = [e for e in conftest.TIMED if e in conftest.CLOCK or e.partition("::")[0] in clock_files]
+    assert both == [], f"under load these would skip instead of measuring: {both}"
