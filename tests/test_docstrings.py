@@ -14,7 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "composition/context.py",
     "data_parallel/buckets.py",
     "data_parallel/collectives.py",
     "data_parallel/mistakes.py",
