@@ -14,10 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "fault_tolerance/checkpoint_safe.py",
-    "fault_tolerance/commit.py",
-    "fault_tolerance/interval.py",
-    "fault_tolerance/training.py",
     "finetuning/planner.py",
     "launcher/_private_net.py",
     "launcher/_reaper.py",
