@@ -14,7 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "finetuning/planner.py",
     "launcher/_private_net.py",
     "launcher/_reaper.py",
     "launcher/_worker.py",
