@@ -14,9 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "launcher/_private_net.py",
-    "launcher/_reaper.py",
-    "launcher/_worker.py",
     "memory/mixed.py",
     "memory/predict.py",
     "pipeline_parallel/schedules.py",
