@@ -14,8 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "pipeline_parallel/schedules.py",
-    "pipeline_parallel/torch_schedules.py",
     "scripts/hello_allreduce.py",
     "scripts/train_ddp.py",
     "scripts/train_deepspeed.py",
