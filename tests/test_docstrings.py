@@ -14,11 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "scripts/hello_allreduce.py",
-    "scripts/train_ddp.py",
-    "scripts/train_deepspeed.py",
-    "scripts/train_dp.py",
-    "scripts/train_ft.py",
     "sharding/comm_counter.py",
     "sharding/fake.py",
     "sharding/formulas.py",
