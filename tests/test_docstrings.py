@@ -14,11 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
 STILL_LONG = {
-    "sharding/comm_counter.py",
-    "sharding/fake.py",
-    "sharding/formulas.py",
-    "sharding/fsdp_by_hand.py",
-    "sharding/zero_by_hand.py",
     "tensor_parallel/layers.py",
     "tensor_parallel/megatron.py",
 }
