@@ -1,8 +1,7 @@
 """Module docstrings say what and why in a few lines (docs/architecture.md): at most 12 here.
 
 Lab notes (what was measured, version quirks, history) go to docs/decisions.md under the module's
-path. ``STILL_LONG`` lists the modules not trimmed yet (issue 32): it may only shrink — a module
-on it that fits is reported, so the list cannot hide one that was fixed.
+path (issue 32 trimmed the last long ones; no module is exempt).
 """
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
-STILL_LONG = {
-}
 MODULES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py"))
 
 
@@ -26,12 +23,9 @@ def docstring_lines(module: str) -> int:
 @pytest.mark.parametrize("module", MODULES)
 def test_module_docstring_is_a_few_lines(module):
     n = docstring_lines(module)
-    if module in STILL_LONG:
-        assert n > MAX_LINES, f"{module} fits now ({n} lines): take it off STILL_LONG"
-    else:
-        assert n <= MAX_LINES, (f"course_lib/{module}'s docstring has {n} lines (at most "
-                                f"{MAX_LINES}): keep what and why, move measurements and "
-                                "history to docs/decisions.md under the module's path")
+    assert n <= MAX_LINES, (f"course_lib/{module}'s docstring has {n} lines (at most "
+                            f"{MAX_LINES}): keep what and why, move measurements and "
+                            "history to docs/decisions.md under the module's path")
 
 
 def test_every_module_has_a_docstring():
