@@ -1,10 +1,10 @@
 """Predictions: how many bytes training should take, from the sizes alone.
 
-Chapter 1 puts every number here next to a measurement (:func:`course_lib.memory.tracker.
-measure_step`); the predictions never read one. **Model states** (:func:`bytes_per_param`,
-:func:`model_state_bytes`): fp32 Adam keeps 4 + 4 + 4·2 = 16 B/param (ZeRO's 2 + 2 + 12 in
-mixed precision is 16 too; :func:`playbook_table` has the Ultra-Scale Playbook's 20), exact to
-the byte with Adam's 4-byte ``step`` per parameter tensor. **Activations**
+Chapter 1 puts every number here next to a measurement
+(:func:`course_lib.memory.tracker.measure_step`); the predictions never read one. **Model
+states** (:func:`bytes_per_param`, :func:`model_state_bytes`): fp32 Adam keeps 4 + 4 + 4·2 = 16
+B/param (ZeRO's fp16 2 + 2 + 12 is 16 too; :func:`playbook_table`: the Ultra-Scale Playbook's
+20), exact to the byte with Adam's 4-byte ``step`` per parameter tensor. **Activations**
 (:func:`activation_terms`): what autograd saves in our GPT, derived tensor by tensor, exact on
 CPU; :func:`korthikanti_bytes` is Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` for
 comparison; ``recompute="selective"`` drops the attention core's saved tensors, ``"full"`` keeps
