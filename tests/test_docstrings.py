@@ -1,8 +1,7 @@
 """Module docstrings say what and why in a few lines (docs/architecture.md): at most 12 here.
 
 Lab notes (what was measured, version quirks, history) go to docs/decisions.md under the module's
-path. ``STILL_LONG`` lists the modules not trimmed yet (issue 32): it may only shrink — a module
-on it that fits is reported, so the list cannot hide one that was fixed.
+path (issue 32 trimmed the last long ones; no module is exempt).
 """
 from __future__ import annotations
 
@@ -13,43 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "course_lib"
 MAX_LINES = 12
-STILL_LONG = {
-    "common/models.py",
-    "communication/alphabeta.py",
-    "communication/benchmark.py",
-    "communication/link_sweep.py",
-    "communication/ring.py",
-    "communication/whatif.py",
-    "composition/context.py",
-    "data_parallel/buckets.py",
-    "data_parallel/collectives.py",
-    "data_parallel/mistakes.py",
-    "deepspeed/engine.py",
-    "fault_tolerance/checkpoint_safe.py",
-    "fault_tolerance/commit.py",
-    "fault_tolerance/interval.py",
-    "fault_tolerance/training.py",
-    "finetuning/planner.py",
-    "launcher/_private_net.py",
-    "launcher/_reaper.py",
-    "launcher/_worker.py",
-    "memory/mixed.py",
-    "memory/predict.py",
-    "pipeline_parallel/schedules.py",
-    "pipeline_parallel/torch_schedules.py",
-    "scripts/hello_allreduce.py",
-    "scripts/train_ddp.py",
-    "scripts/train_deepspeed.py",
-    "scripts/train_dp.py",
-    "scripts/train_ft.py",
-    "sharding/comm_counter.py",
-    "sharding/fake.py",
-    "sharding/formulas.py",
-    "sharding/fsdp_by_hand.py",
-    "sharding/zero_by_hand.py",
-    "tensor_parallel/layers.py",
-    "tensor_parallel/megatron.py",
-}
 MODULES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py"))
 
 
@@ -61,12 +23,9 @@ def docstring_lines(module: str) -> int:
 @pytest.mark.parametrize("module", MODULES)
 def test_module_docstring_is_a_few_lines(module):
     n = docstring_lines(module)
-    if module in STILL_LONG:
-        assert n > MAX_LINES, f"{module} fits now ({n} lines): take it off STILL_LONG"
-    else:
-        assert n <= MAX_LINES, (f"course_lib/{module}'s docstring has {n} lines (at most "
-                                f"{MAX_LINES}): keep what and why, move measurements and "
-                                "history to docs/decisions.md under the module's path")
+    assert n <= MAX_LINES, (f"course_lib/{module}'s docstring has {n} lines (at most "
+                            f"{MAX_LINES}): keep what and why, move measurements and "
+                            "history to docs/decisions.md under the module's path")
 
 
 def test_every_module_has_a_docstring():

@@ -1,24 +1,15 @@
 """The course's model family: a small GPT-style decoder and a plain MLP.
 
-Chapter 1 (``01_training_memory``) measures where their training memory goes; later chapters
-shard them: FSDP2 wraps each entry of ``GPT.blocks`` (chapter 3), pipeline parallelism splits
-``blocks`` into stages, and Megatron-style tensor parallelism splits the column-parallel
-``attn.qkv`` / ``mlp.fc`` and the row-parallel ``attn.proj`` / ``mlp.proj`` linears.
-
-Design choices that keep the memory formulas of :mod:`course_lib.memory.predict` derivable:
-
-* pre-LayerNorm blocks, GELU MLP of width ``4 * d_model``, learned position embeddings,
-  no dropout (so no dropout masks are stored);
-* ``attention="sdpa"`` (default) uses :func:`torch.nn.functional.scaled_dot_product_attention`,
-  which on CPU and GPU runs a flash-attention kernel that keeps only the output and one
-  log-sum-exp per row for backward — activations grow linearly with the sequence length.
-  ``attention="explicit"`` writes softmax(QKᵀ)V out and stores the ``b·a·s²`` attention matrix,
-  the quadratic term of Korthikanti et al. (2022); chapter 1 measures both;
-* :meth:`GPT.set_recompute` turns on activation recomputation (``torch.utils.checkpoint``,
-  non-reentrant): ``"full"`` around every block, ``"selective"`` around the attention core
-  (:meth:`Attention.core`) as Korthikanti et al.; off by default and under ``no_grad``;
-* untied input and output embeddings by default: FSDP2 cannot wrap a tied ``lm_head`` block by
-  block (it is shared with a parameter managed by another FSDP group).
+Chapter 1 measures where their training memory goes; later chapters shard them: FSDP2 wraps each
+entry of ``GPT.blocks`` (chapter 3), pipeline parallelism splits ``blocks`` into stages, tensor
+parallelism splits the column-parallel ``attn.qkv``/``mlp.fc`` and the row-parallel
+``attn.proj``/``mlp.proj``. Kept plain so that :mod:`course_lib.memory.predict` can derive their
+memory: pre-LayerNorm blocks, a GELU MLP of width ``4 * d_model``, learned position embeddings,
+no dropout, untied embeddings by default (FSDP2 cannot wrap a tied ``lm_head`` block by block).
+``attention="sdpa"`` (default) keeps activations linear in the sequence length;
+``"explicit"`` stores the ``b·a·s²`` attention matrix. :meth:`GPT.set_recompute` turns on
+activation recomputation: ``"full"`` around every block, ``"selective"`` around the attention
+core (:meth:`Attention.core`); off by default and under ``no_grad``.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """The α-β (latency-bandwidth) model of a ring all-reduce, fitted to measurements (chapter 5).
 
-Sending one message of ``m`` bytes costs ``α + m·β``: a fixed latency ``α`` (seconds: software,
-synchronisation, the wire's delay) plus ``β`` seconds per byte (``1/β`` is the bandwidth).
-A ring all-reduce of ``n`` bytes on ``p`` ranks makes ``2(p-1)`` steps of ``n/p`` bytes each
-(:mod:`course_lib.communication.ring`), so (Thakur, Rabenseifner & Gropp, "Optimization of collective
-communication operations in MPICH", IJHPCA 2005)::
-
-    T(n, p) = 2(p-1)·α + 2(p-1)/p · n·β
-
-Small messages are latency-bound (the first term), large ones bandwidth-bound (the second).
-:func:`fit_alpha_beta` finds α and β by least squares on *relative* errors, so microsecond
-points and second-long points weigh the same, and keeps both non-negative.
-
-Stated tolerance (:data:`FIT_TOLERANCE`): fitted for one world size on gloo over loopback, the
-model reproduces the median of repeated measurements within a factor of 2 at every point and
-within 35 % at the median point (typically 5-30 % here). The model knows nothing about caches,
-gloo switching algorithms with the size, or core sharing: with 4 ranks on 2 cores a rank often
-waits for a core, so the per-step latency grows with ``p`` and *one* (α, β) for p = 2 and 4
-together misses the 4-rank points by ~50 %. Fit each world size separately there
-(:func:`fit_per_world`); on real GPUs, where each rank owns its device, one fit serves all ``p``.
+One message of ``m`` bytes costs ``α + m·β``: a fixed latency ``α`` plus ``β`` seconds per byte.
+A ring all-reduce of ``n`` bytes on ``p`` ranks makes ``2(p-1)`` steps of ``n/p`` bytes
+(:mod:`course_lib.communication.ring`), so ``T(n, p) = 2(p-1)·α + 2(p-1)/p · n·β`` (Thakur,
+Rabenseifner & Gropp, IJHPCA 2005): small messages are latency-bound, large ones bandwidth-bound.
+:func:`fit_alpha_beta` fits α and β by least squares on *relative* errors (microsecond and
+second-long points weigh the same), both non-negative; :data:`FIT_TOLERANCE` is how close the
+fit is held to the measured medians. Where ranks share cores, one (α, β) cannot serve every
+world size: fit each separately (:func:`fit_per_world`).
 """
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """Collective benchmarks in the style of nccl-tests: time, algbw and busbw (chapter 5).
 
-Chapter 5 (``05_communication_and_scaling``) asks why doubling the GPUs does not double the
-speed. The first answer is a measurement: how long does a collective take on this machine?
-
 For each collective and message size ``S`` (bytes) every rank runs the operation ``iters`` times
 back to back; the time per operation is averaged over the ranks (nccl-tests' default, ``-a 1``).
-Then, with the definitions of nccl-tests (``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests):
-
-* ``algbw = S / t`` — the bandwidth the *application* sees;
-* ``busbw = algbw * factor`` — what each rank's link carried, comparable across collectives
-  and world sizes ``n`` and to the hardware's peak: ``factor`` is ``2(n-1)/n`` for all-reduce
-  (a ring sends every byte out twice: reduce-scatter then all-gather), ``(n-1)/n`` for
-  all-gather, reduce-scatter and all-to-all (each rank keeps 1/n of its buffer), and ``1`` for
-  broadcast and reduce.
-
-``S`` is the size of the full buffer: the all-reduce/broadcast tensor, the all-gather *output*
-and the reduce-scatter *input* (each rank holds ``S/n`` of it), the all-to-all's buffer on each
-rank, as nccl-tests prints it. ``MORE_COLLECTIVES`` (reduce, all_to_all: chapter 9's collective
-of expert parallelism) are measured on request.
-:func:`memcopy_bandwidth` measures one process copying memory: no transfer between processes can
-beat it on one machine, so it is the ceiling to read busbw against.
-
-Runs with gloo on CPU here; with NCCL on GPUs through :func:`course_lib.run`'s auto-detection.
+As nccl-tests defines them (``doc/PERFORMANCE.md``): ``algbw = S / t`` and
+``busbw = algbw * factor``, ``factor`` being ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for
+all-gather, reduce-scatter and all-to-all, ``1`` for broadcast and reduce. ``S`` is the full
+buffer: the all-gather's *output*, the reduce-scatter's *input*. ``MORE_COLLECTIVES`` (reduce,
+all_to_all) are measured on request. :func:`memcopy_bandwidth` measures one process copying
+memory: the ceiling to read busbw against on one machine. gloo on CPU here; NCCL on GPUs
+through :func:`course_lib.run`'s auto-detection.
 """
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
 """The interconnect, measured: one training step over a fast and a slow link (chapter 5).
 
-:func:`link_sweep` runs the same step (a small MLP, DDP or FSDP/ZeRO-3, SGD) on two "nodes" —
-two processes, each in a network namespace of its own, joined by a veth pair — while ``tc``
-shapes the link (a token bucket for the rate, ``netem`` for a delay). Per (rate, strategy) it
-returns the measured step time, the bytes each node really put on the wire (the veth's transmit
-counter), and the α-β prediction for that link: the step's compute time (measured in the same
-processes, no communication) plus ``bytes / rate`` plus a delay per message step.
-
-Bytes a rank sends per step for Ψ fp32 parameters on ``p`` ranks (ring algorithms):
-DDP all-reduces the gradients, ``2(p-1)/p · 4Ψ``; FSDP all-gathers the parameters twice
-(forward, backward) and reduce-scatters the gradients, ``3(p-1)/p · 4Ψ`` = 1.5× DDP on NCCL.
-gloo's reduce-scatter sends as much as an all-reduce of the same buffer (measured here:
-``2(p-1)/p`` of it, not ``(p-1)/p``), so on gloo FSDP sends 2× DDP's bytes; the prediction
-uses the backend's own cost.
-
-Namespaces need root, or an unprivileged user namespace (``unshare --user --map-root-user
---net``), which many Linux laptops allow; :func:`availability` says which works here.
-:class:`LinkSweepUnavailable` says why not. On a machine with 2+ GPUs the same call measures
-NCCL between local GPUs (NVLink or PCIe): no IP link there, so ``tc`` rates cannot apply.
+:func:`link_sweep` runs the same step (a small MLP, DDP or FSDP/ZeRO-3, SGD) on two "nodes": two
+processes, each in a network namespace of its own, joined by a veth pair, while ``tc`` shapes the
+link (a token bucket for the rate, ``netem`` for a delay). Per (rate, strategy) it returns the
+measured step time, the bytes each node put on the wire (the veth's transmit counter) and the α-β
+prediction: the step's compute time (measured, no communication) + ``bytes / rate`` + a delay
+per message step, with the backend's own byte cost (on gloo FSDP sends 2× DDP's bytes, not 1.5×).
+Namespaces need root or an unprivileged user namespace: :func:`availability` says which works
+here, :class:`LinkSweepUnavailable` why not. With 2+ GPUs the same call measures NCCL between
+local GPUs (no IP link there, so ``tc`` rates cannot apply).
 """
 from __future__ import annotations
 

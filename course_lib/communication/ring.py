@@ -1,20 +1,14 @@
 """Ring all-reduce written by hand: reduce-scatter, then all-gather (chapter 5).
 
-This is the algorithm behind DDP's gradient averaging (NCCL's ring; Patarasuk & Yuan, "Bandwidth
-optimal all-reduce algorithms for clusters of workstations", JPDC 2009). The ``p`` ranks stand
-in a circle; each only ever talks to its right neighbour (send) and its left one (receive).
-The tensor is cut into ``p`` chunks.
-
-1. **Reduce-scatter**, ``p-1`` steps: in step ``s`` rank ``r`` sends chunk ``r-s`` to the right
-   and adds the chunk ``r-s-1`` it receives from the left to its own copy. After ``p-1`` steps
-   rank ``r`` holds the complete sum of chunk ``r+1``.
-2. **All-gather**, ``p-1`` steps: the finished chunks travel once more around the ring, each
-   rank overwriting its stale copy, until everybody has every summed chunk.
-
-Each rank sends ``2(p-1)`` messages of ``n/p`` bytes: ``2(p-1)/p * n`` bytes in total, almost
-independent of ``p`` — that is why the ring scales, and where the α-β model
-``T = 2(p-1)α + 2(p-1)/p · n·β`` (:mod:`course_lib.communication.alphabeta`) comes from.
-Tests check it against ``dist.all_reduce`` for world sizes 2-4 and sizes not divisible by ``p``.
+The algorithm behind DDP's gradient averaging (NCCL's ring; Patarasuk & Yuan, JPDC 2009). The
+``p`` ranks stand in a circle, each sending only to its right neighbour and receiving from its
+left; the tensor is cut into ``p`` chunks. Reduce-scatter, ``p-1`` steps: in step ``s`` rank
+``r`` sends chunk ``r-s`` and adds the chunk ``r-s-1`` it receives to its own copy, ending with
+the complete sum of chunk ``r+1``. All-gather, ``p-1`` steps: the finished chunks travel once
+more around the ring. Each rank sends ``2(p-1)`` messages of ``n/p`` bytes, ``2(p-1)/p * n`` in
+all, almost independent of ``p``: why the ring scales, and where the α-β model
+(:mod:`course_lib.communication.alphabeta`) comes from. Tests check it against
+``dist.all_reduce`` for world sizes 2-4 and sizes not divisible by ``p``.
 """
 from __future__ import annotations
 

@@ -1,27 +1,13 @@
 """What-if for real clusters: step time and scaling efficiency from the α-β model (chapter 5).
 
-Chapter 5 measures collectives on this machine and fits ``α`` and ``β``
-(:mod:`course_lib.communication.alphabeta`). Here the same model runs with the figures of real interconnects,
-to predict one data-parallel training step of a model with ``Ψ`` parameters on ``p`` GPUs.
-
-Communication per GPU per step (ZeRO paper, Rajbhandari et al., SC 2020, §7), each term a ring
-collective moving ``(p-1)/p`` of the data per GPU:
-
-* DDP: all-reduce of the gradients = reduce-scatter + all-gather: **2Ψ** elements;
-* ZeRO-1 / ZeRO-2: reduce-scatter the gradients, all-gather the updated parameters: **2Ψ**;
-* ZeRO-3 / FSDP: all-gather parameters in forward *and* in backward, reduce-scatter the
-  gradients: **3Ψ** (1.5x DDP's volume for 1/p of the memory).
-
-So ``T_comm = k(p-1)·α·buckets + k(p-1)/p · Ψ·b·β`` with ``k`` = 2 or 3 and ``b`` bytes per
-element (the ring formula of :func:`course_lib.communication.alphabeta.ring_allreduce_time` for ``k = 2``);
-gradients travel in buckets of 25 MiB (DDP's ``bucket_cap_mb``), each paying the latency.
-Compute: ``6·Ψ`` FLOPs per token (forward 2Ψ, backward 4Ψ; Kaplan et al. 2020) at a fraction
-``mfu`` of the GPU's peak. ``overlap`` is the share of compute that can hide communication
-(DDP starts all-reducing buckets during backward: at most ~2/3 of the step).
-
-Interconnect figures are per GPU and per direction (a ring sends and receives at once). The
-bandwidths are the vendors' and standards' figures cited in :data:`LINKS`; the latencies α are
-order-of-magnitude assumptions for one NCCL ring step, not measurements.
+The model fitted on this machine (:mod:`course_lib.communication.alphabeta`) runs with real
+interconnects' figures (:data:`LINKS`, per GPU and direction: the vendors' and standards'
+bandwidths; the latencies α are order-of-magnitude assumptions, not measurements) to predict one
+data-parallel step of a ``Ψ``-parameter model on ``p`` GPUs. Per GPU a step moves ``k = 2`` Ψ
+elements for DDP, ZeRO-1 and ZeRO-2 and ``k = 3`` for ZeRO-3/FSDP (ZeRO paper §7, ring
+collectives): ``T_comm = k(p-1)·α·buckets + k(p-1)/p · Ψ·b·β``, in 25 MiB buckets (DDP's
+``bucket_cap_mb``). Compute: ``6·Ψ`` FLOPs per token (Kaplan et al. 2020) at a fraction ``mfu``
+of peak; ``overlap`` is the share of compute that can hide communication (at most ~2/3).
 """
 from __future__ import annotations
 

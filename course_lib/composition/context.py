@@ -1,17 +1,14 @@
-"""Context parallelism by hand: causal ring attention over the ranks of a group (forward).
+"""Context parallelism by hand: causal ring attention over the ranks of a group.
 
 The sequence is cut into ``cp`` contiguous chunks, one per rank; each rank keeps its queries and
-passes its keys/values around a ring (``batch_isend_irecv`` to the next rank, from the previous
-one). At ring step t rank i holds the K/V chunk of rank ``(i - t) mod cp``: earlier chunks are
-attended in full, its own chunk causally, later chunks not at all. Partial results are merged
-with the log-sum-exp trick (the online softmax of flash attention), so no rank ever holds the
-full sequence's K/V or a score matrix larger than one chunk × one chunk.
-
+passes its keys/values around a ring (``batch_isend_irecv``). At ring step t rank i holds the K/V
+chunk of rank ``(i - t) mod cp``: earlier chunks are attended in full, its own causally, later
+ones not at all. Partial results merge with the log-sum-exp trick (flash attention's online
+softmax), so no rank holds the full sequence's K/V or a score matrix larger than chunk × chunk.
 Training (:class:`RingAttention`, :func:`cp_attention_grad_rank`): the backward runs the ring
-again. Each K/V chunk travels with an accumulator for its gradient; every rank adds what its
-queries contribute (the softmax backward of flash attention, from the saved output and
-log-sum-exp, no score matrix kept from the forward), and after ``cp`` passes the accumulated
-dK/dV arrive back at the rank that owns the chunk.
+again, each K/V chunk travelling with its gradient accumulator; every rank adds its queries'
+share (flash attention's softmax backward from the saved output and log-sum-exp), and after
+``cp`` passes dK/dV arrive back at the chunk's owner.
 """
 from __future__ import annotations
 

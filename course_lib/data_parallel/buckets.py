@@ -3,14 +3,12 @@
 :func:`~course_lib.data_parallel.by_hand.average_gradients` waits for the whole backward, then
 all-reduces one tensor at a time. DDP packs the gradients into **buckets** and launches a
 bucket's all-reduce *while backward still computes the earlier layers*:
-
-* :func:`make_buckets` — DDP's rule: walk the parameters last first (backward produces the last
-  layer's gradients first), close a bucket once it holds at least ``cap_bytes``; never split one;
-* :class:`DDPByHand` — a hook per parameter that requires a gradient counts its bucket down;
-  the last one starts ``all_reduce(flat, async_op=True)`` and returns at once.
-  ``finish_gradient_synchronization()`` waits, averages and copies back into ``.grad``.
-
-:mod:`course_lib.data_parallel.measure` checks it against torch's DDP on real ranks.
+:func:`make_buckets` is DDP's rule (walk the parameters last first, close a bucket once it holds
+at least ``cap_bytes``, never split one); :class:`DDPByHand` puts a hook on every parameter that
+requires a gradient, counting its bucket down; the last one starts
+``all_reduce(flat, async_op=True)`` and returns at once. ``finish_gradient_synchronization()``
+waits, averages and copies back into ``.grad``. :mod:`course_lib.data_parallel.measure` checks
+it against torch's DDP on real ranks.
 """
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """The five collectives of data parallelism, run for real and shown before/after (chapter 2).
 
-Chapter 2 (``02_data_parallel``) starts here: every data-parallel algorithm is built from a few
-*collective* operations, in which all ranks take part at once. :func:`show_collectives` runs each
-on ``world`` real processes (:func:`course_lib.run`) and returns what every rank held **before**
-and **after** the call; :func:`format_collectives` prints that as a table. Nothing is simulated:
-the "after" column is what ``torch.distributed`` returned on that rank.
-
-Rank ``r`` starts with ``[10r, 10r+1, …]`` so a number tells where it came from (``21`` is element
-1 of rank 2):
-
-* ``broadcast(src=0)``: rank 0's tensor is copied to everybody (initial weights in DDP);
-* ``all_reduce(SUM)``: every rank gets the element-wise sum (gradient averaging in DDP);
-* ``all_gather``: every rank gets the concatenation of all ranks' pieces (FSDP's weights);
-* ``reduce_scatter(SUM)``: rank ``r`` gets the sum of piece ``r`` only (ZeRO-2's gradients);
-  an all-reduce is a reduce-scatter followed by an all-gather (chapter 5 writes that ring);
-* ``reduce(SUM, dst=0)``: only rank 0 gets the sum (the others' tensors are not defined after);
-* ``all_to_all``: rank ``r`` sends its piece ``j`` to rank ``j`` and gets piece ``r`` of every
-  rank (expert parallelism's token dispatch, chapter 9); ``reduce`` and ``all_to_all`` are
-  shown on request (``names=MORE_COLLECTIVES``), not by default;
-* ``barrier``: moves no data; nobody leaves before the last rank has arrived. Rank ``r`` sleeps
-  ``r × 50 ms`` first; every rank records when it left.
-
-:func:`course_lib.data_parallel.show.plot_collective` draws who sends what to whom.
+:func:`show_collectives` runs each collective on ``world`` real processes
+(:func:`course_lib.run`) and returns what every rank held **before** and **after** the call, as
+``torch.distributed`` returned it; :func:`format_collectives` prints that as a table. Rank ``r``
+starts with ``[10r, 10r+1, …]`` so a number tells where it came from (``21``: element 1 of rank
+2). By default ``broadcast``, ``all_reduce``, ``all_gather``, ``reduce_scatter`` and
+``barrier`` (rank ``r`` sleeps ``r × 50 ms`` first; every rank records when it left);
+``names=MORE_COLLECTIVES`` adds ``reduce`` and ``all_to_all``. Chapter 2 says where each is used
+(DDP, ZeRO, FSDP, expert parallelism); :func:`course_lib.data_parallel.show.plot_collectives`
+draws who sends what to whom.
 """
 from __future__ import annotations
 

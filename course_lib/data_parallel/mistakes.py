@@ -1,16 +1,13 @@
-"""Sharding the data, and what breaks when data parallelism is done wrong.
+"""Sharding the data, and what breaks when data parallelism is done wrong (chapter 2).
 
-Chapter 2 (``02_data_parallel``), after :mod:`course_lib.data_parallel.by_hand`:
-
-* :func:`sampler_shards` shows how ``torch.utils.data.DistributedSampler`` deals a dataset's
-  indices to ranks: disjoint, together covering the dataset (padded by repeating a few indices
-  when it does not divide), reshuffled per epoch with ``set_epoch`` — with the *same* seed on
-  every rank, which is what keeps the shards disjoint. (:func:`course_lib.common.data.get_batch` does
-  the same for random windows: one global draw from a seed shared by all ranks, then rank ``r``
-  takes its rows.) Seeding each rank differently and drawing independently would give
-  overlapping random batches; forgetting to shard gives *identical* ones;
-* :func:`what_breaks` trains the hand-written DP with three classic mistakes and measures what
-  each one really computes.
+:func:`sampler_shards` shows how ``torch.utils.data.DistributedSampler`` deals a dataset's
+indices to ranks: disjoint, together covering the dataset (padded by repeating a few indices when
+it does not divide), reshuffled per epoch with ``set_epoch``, with the *same* seed on every rank
+(which keeps the shards disjoint; :func:`course_lib.common.data.get_batch` does the same for
+random windows: one global draw from a shared seed, then rank ``r`` takes its rows). Seeding the
+ranks differently gives overlapping random batches; forgetting to shard gives *identical* ones.
+:func:`what_breaks` trains the hand-written DP (:mod:`course_lib.data_parallel.by_hand`) with
+three classic mistakes and measures what each one really computes.
 """
 from __future__ import annotations
 

@@ -1,20 +1,15 @@
-"""DeepSpeed ZeRO stages 0-3 as practitioners configure them, run on the course's ranks.
+"""DeepSpeed ZeRO stages 0-3 as practitioners configure them, run on the course's ranks (ch. 08).
 
-Chapter 08 (``08_deepspeed_and_megatron``) trains the course GPT with a DeepSpeed JSON config —
-``{"zero_optimization": {"stage": k}, ...}`` — through ``deepspeed.initialize``, inside ranks
-started by :func:`course_lib.run` (or ``course_lib/scripts/train_deepspeed.py`` under torchrun
-or the ``deepspeed`` launcher), and checks the result against torch's DDP on the same data.
-
-* :func:`deepspeed_config` (in :mod:`course_lib.deepspeed.config`) — the dict a learner would
-  write as ``ds_config.json``;
-* :func:`deepspeed_status` / :func:`load_deepspeed` (in :mod:`course_lib.deepspeed.load`): can
-  DeepSpeed run here, and import it inside a rank; if not, chapter 08 falls back to torch's
-  ZeroRedundancyOptimizer / FSDP2 (:func:`run_zero_stages`, chapter 3's classes);
-* :func:`train_rank_deepspeed` / :func:`run_deepspeed` — every stage in the same ranks (one
-  launch), with DDP and chapter 3's torch measurements as references; the loop each stage runs
-  is :func:`course_lib.deepspeed.loop.train_deepspeed` (``deepspeed.initialize``,
-  ``engine.backward``, ``engine.step``) or the learner's copy (``train=``). The ranks' code is
-  in :mod:`course_lib.deepspeed.ranks`, the one module that imports DeepSpeed at its top.
+The course GPT trains from a DeepSpeed config (``{"zero_optimization": {"stage": k}, ...}``)
+through ``deepspeed.initialize`` inside ranks of :func:`course_lib.run` (or
+``course_lib/scripts/train_deepspeed.py`` under torchrun or ``deepspeed``), checked against
+torch's DDP on the same data. :func:`deepspeed_config` is the learner's ``ds_config.json``;
+:func:`deepspeed_status` / :func:`load_deepspeed` say whether DeepSpeed runs here (if not,
+:func:`run_zero_stages` uses chapter 3's torch classes); :func:`train_rank_deepspeed` /
+:func:`run_deepspeed` run every stage in one launch with DDP and chapter 3's measurements as
+references. Each stage's loop is :func:`course_lib.deepspeed.loop.train_deepspeed` or the
+learner's copy (``train=``); :mod:`course_lib.deepspeed.ranks` is the one module that imports
+DeepSpeed at its top.
 """
 from __future__ import annotations
 

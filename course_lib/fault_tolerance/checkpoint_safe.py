@@ -1,17 +1,14 @@
 """Read a DCP checkpoint as data: nothing in its folder runs code or reaches outside the folder.
 
-torch 2.13's :class:`~torch.distributed.checkpoint.FileSystemReader` unpickles ``.metadata`` with
-plain ``pickle``, opens whatever path an item names (``../x``, ``/dev/zero``, a symlink) and reads
-as many bytes as the item claims; :class:`~torch.distributed.checkpoint.DefaultLoadPlanner` loads
-non-tensor items with ``torch.load(weights_only=False)``. The same reader and planner are used
-here, subclassed (:class:`SafeReader`, :class:`SafeLoadPlanner`), with these limits:
-
-* ``.metadata`` goes through :class:`MetadataUnpickler`: only :data:`ALLOWED` names resolve, and
-  BUILD / NEWOBJ make only DCP's own dataclasses (never set attributes of a class or function);
-  :func:`validate_metadata` then checks every field's type: an item lives in a data file under
-  DCP's own name (``__<rank>_<n>.distcp``), at a range of natural numbers, with no transform;
-* files and records obey :mod:`course_lib.fault_tolerance.safe_files`: plain names, no symlink,
-  ranges inside the real file, stored ``torch.save`` records only, bytes items plain data only.
+torch's own :class:`~torch.distributed.checkpoint.FileSystemReader` and
+:class:`~torch.distributed.checkpoint.DefaultLoadPlanner` trust the checkpoint (plain ``pickle``,
+any path, ``torch.load(weights_only=False)``: docs/decisions.md); :class:`SafeReader` and
+:class:`SafeLoadPlanner` subclass them with limits. ``.metadata`` goes through
+:class:`MetadataUnpickler` (only :data:`ALLOWED` names resolve; BUILD / NEWOBJ make only DCP's
+own dataclasses), then :func:`validate_metadata` checks every field's type: an item lives in a
+data file under DCP's own name (``__<rank>_<n>.distcp``), at a range of natural numbers, with no
+transform. Files and records obey :mod:`course_lib.fault_tolerance.safe_files`: plain names, no
+symlink, ranges inside the real file, stored ``torch.save`` records only, bytes items plain data.
 """
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
 """The commit protocol of chapter 6 in five short functions: the notebook cells' library copy.
 
-``06_fault_tolerance`` types these in editable cells (``library_copy``, checked identical by
-``tests/test_cell_library_identity.py``); :func:`course_lib.fault_tolerance.checkpoint.save_checkpoint`
-and ``load_checkpoint`` build on them (adding RNG states, checksums, a ``latest`` pointer, pruning).
-
-* :func:`save_sharded` / :func:`load_committed`: DCP with ``get_state_dict`` / ``set_state_dict``:
-  every rank writes and reads only its own shards, any world size loads any checkpoint; loading
-  refuses a directory without the commit marker. Nothing read runs code or reaches outside
-  the folder (:mod:`course_lib.fault_tolerance.checkpoint_safe`'s reader and planner).
-* :func:`save_committed`: every rank writes into ``step_N.tmp``; a barrier (all wrote, all alive);
-  then rank 0 :func:`publish` es: the marker last (temp file, fsync, rename), then one atomic
-  rename to ``step_N``. A crash anywhere before leaves a ``.tmp`` directory without a marker.
-* :func:`latest_committed`: the ``step_N`` with the highest N that carries the marker.
+``06_fault_tolerance`` types these in ``library_copy`` cells;
+:func:`course_lib.fault_tolerance.checkpoint.save_checkpoint` and ``load_checkpoint`` build on
+them (adding RNG states, checksums, a ``latest`` pointer, pruning). :func:`save_sharded` /
+:func:`load_committed`: DCP with ``get_state_dict`` / ``set_state_dict``, each rank writing and
+reading only its own shards, any world size loading any checkpoint; loading refuses a directory
+without the commit marker and reads through :mod:`course_lib.fault_tolerance.checkpoint_safe`.
+:func:`save_committed`: every rank writes into ``step_N.tmp``; a barrier; then rank 0
+:func:`publish` es: the marker last (temp file, fsync, rename), then one atomic rename to
+``step_N``; a crash before leaves a ``.tmp`` without a marker. :func:`latest_committed`: the
+highest ``step_N`` that carries the marker.
 """
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
 """How often to checkpoint: expected lost work, the Young/Daly interval, and a failure simulator.
 
-Chapter 6 (``06_fault_tolerance``). Checkpointing every ``τ`` seconds of work costs ``C`` seconds
-per save; a failure (mean time between failures ``M`` of the *whole job*) throws away on average
-half an interval of work plus a restart of ``R`` seconds. To first order (``C, τ ≪ M``) the
-fraction of wall-clock time lost is
-
-    waste(τ) = C / τ  +  (τ / 2 + R) / M
-
-minimised at Young's interval ``τ* = √(2·C·M)`` (Young 1974; Daly 2006 adds higher-order terms),
-where both checkpoint terms are equal. A job's MTBF shrinks with its size: ``M = 1 / (N·λ)`` for
-``N`` GPUs failing independently at rate ``λ`` each.
-
-Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, §3.3.4): 419 unexpected interruptions in a
-54-day snapshot of pre-training on 16,384 H100 GPUs — one every ~3.1 hours — yet more than 90 %
-effective training time. :func:`simulate_waste` measures the waste of a simulated job (random
-failures, real bookkeeping of what is lost), to compare with the formula.
+Chapter 6. Saving every ``τ`` seconds of work costs ``C`` seconds per save; a failure (mean time
+between failures ``M`` of the *whole job*) loses on average half an interval plus a restart of
+``R`` seconds. To first order (``C, τ ≪ M``) the fraction of time lost is
+``waste(τ) = C/τ + (τ/2 + R)/M``, minimised at Young's interval ``τ* = √(2·C·M)`` (Young 1974;
+Daly 2006 adds higher-order terms). A job's MTBF shrinks with its size: ``M = 1 / (N·λ)`` for
+``N`` GPUs failing independently at rate ``λ`` each. :data:`LLAMA3` holds Llama 3's failure
+figures (Dubey et al. 2024, §3.3.4: 419 interruptions in 54 days on 16,384 GPUs);
+:func:`simulate_waste` measures the waste of a simulated job (random failures, real bookkeeping
+of what is lost) to compare with the formula.
 """
 from __future__ import annotations
 

@@ -1,18 +1,15 @@
-"""Chapter 6's training loop: an FSDP2 GPT that checkpoints, resumes — and fails on purpose.
+"""Chapter 6's training loop: an FSDP2 GPT that checkpoints, resumes, and fails on purpose.
 
-:func:`train` runs unchanged inside :func:`course_lib.run` (fast, for cells and tests) and in
-``course_lib/scripts/train_ft.py`` under ``torchrun --max-restarts`` (the real thing). It
-
-* builds the course GPT (:mod:`course_lib.common.models`) from a seed, shards each block and the root
-  with ``fully_shard``, and trains it with Adam on :func:`course_lib.common.data.get_batch` batches;
-* resumes from the newest checkpoint in ``ckpt_dir`` that loads (a bad one is skipped, with a
-  logged reason: :func:`course_lib.fault_tolerance.checkpoint.resume_latest`). The data-loader
-  position is just the step: a batch is a pure function of ``(seed, step, rank)``;
-* saves a checkpoint every ``every`` steps (model, optimizer, RNG, loss history);
-* injects the :class:`Fault` s it is given: ``kill`` (SIGKILL itself before a step), ``raise``
-  (an exception before a step) or ``save`` (SIGKILL after writing its shards of checkpoint
-  ``step`` but before the commit marker). A fault fires only in its restart ``attempt``
-  (``TORCHELASTIC_RESTART_COUNT`` under torchrun), so the resumed run does not die again.
+:func:`train` runs unchanged inside :func:`course_lib.run` (cells, tests) and in
+``course_lib/scripts/train_ft.py`` under ``torchrun --max-restarts``. It builds the course GPT
+from a seed, shards each block and the root with ``fully_shard``, trains with Adam on
+:func:`course_lib.common.data.get_batch` batches (a pure function of ``(seed, step, rank)``, so
+the data position is just the step), resumes from the newest checkpoint in ``ckpt_dir`` that
+loads (:func:`course_lib.fault_tolerance.checkpoint.resume_latest` logs why one is skipped),
+saves every ``every`` steps, and injects its :class:`Fault` s: ``kill`` (SIGKILL before a step),
+``raise`` (an exception before a step) or ``save`` (SIGKILL after writing its shards of
+checkpoint ``step``, before the commit marker). A fault fires only in its restart ``attempt``
+(``TORCHELASTIC_RESTART_COUNT`` under torchrun), so the resumed run does not die again.
 """
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
 """The 7B decision: which way of fine-tuning fits on which GPUs, per GPU and per category.
 
-Chapter 7 (``07_before_you_distribute``) closes the course with one question: *given a model, a
-GPU size, a GPU count and a sequence length, do I need to distribute at all?* :func:`plan` lists
-
-* full fine-tuning (fp32 master weights, bf16 autocast, Adam: 16 B/param of model states) with
-  DDP, ZeRO-1, ZeRO-2 and FSDP on ``n_gpus`` GPUs — chapter 3's fake distributed path
-  (:func:`course_lib.sharding.measure.measure_distributed` with ``fake=True``, rank 0);
-* LoRA (frozen bf16 base) and QLoRA (NF4 base) on **one** GPU — chapter 7's fake path
-  (:func:`course_lib.finetuning.memory.measure_finetune`);
-
-with bytes per GPU by category, fits or not, and a rough cost. Every number is a fake-tensor
-measurement (no memory is allocated). **Depth probes** (``depth="probe"``, the default above 4
-layers): each method is measured at two small depths (1 and 2 layers; 2 and 3 for ZeRO-2 and
-FSDP, whose single-block peak differs) and extrapolated linearly to ``n_layer`` — exact, because
-every block adds the same tensors (the tests compare with full-depth runs). Two exceptions are
-labelled: ZeRO-1's greedy whole-tensor shares come from
-:func:`course_lib.sharding.formulas.per_rank_bytes`, and FSDP's *peak*, not linear in depth, is
-an upper estimate (``benchmarks/bench_ch7_planner.py`` compares). ``depth="full"`` measures at
-full depth. The fake runs are independent: they are spread over one process per core
+Chapter 7 asks: *given a model, a GPU size and count and a sequence length, do I need to
+distribute at all?* :func:`plan` lists full fine-tuning (fp32 master weights, bf16 autocast,
+Adam) with DDP, ZeRO-1, ZeRO-2 and FSDP on ``n_gpus`` GPUs (chapter 3's fake path,
+:func:`course_lib.sharding.measure.measure_distributed`) and LoRA / QLoRA on **one** GPU
+(:func:`course_lib.finetuning.memory.measure_finetune`): bytes per GPU by category, fits or not,
+a rough cost (:data:`ASSUMPTIONS`). Every number is a fake-tensor measurement. ``depth="probe"``
+(the default above 4 layers) measures two small depths and extrapolates linearly to ``n_layer``
+(every block adds the same tensors; ZeRO-1's shares and FSDP's peak are the labelled
+exceptions); ``depth="full"`` measures at full depth. Runs are spread over one process per core
 (:mod:`course_lib.finetuning.probes`) and cached in the ``cache`` dict a caller passes.
-
-Cost (rough, stated): training FLOPs per token 6·N for full fine-tuning, 4·N for (Q)LoRA (no
-weight gradients for frozen weights: forward 2N + input-gradients 2N), at ``mfu`` × ``tflops``.
 """
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
 """A private network namespace for a local torchrun job: its stores reachable by no other user.
 
-torchrun's agent hosts TCPStores with no authentication, and one holds the rendezvous state, a
-pickle the agent loads every monitor tick: on 127.0.0.1 any local user could connect and run
-code as the learner. :func:`enter` moves the calling process, and all it starts afterwards, into
-a fresh network namespace whose only interface is its own loopback: a port there exists for the
-processes inside alone, and joining it needs privileges over it that another user lacks. As
-root, ``unshare(CLONE_NEWNET)``; otherwise (or where root may not) a user namespace as well that
-maps the user to itself (same uid inside, no privilege outside, none left after ``exec``).
-A private mount namespace gives it an ``/etc/hosts`` that names ``::ffff:127.0.0.1``: c10d looks
-up its sockets' (v4-mapped) addresses, and with no DNS server reachable each process printed a
-warning. :func:`join` enters another process's namespaces (chapter 5's second "node"). Both run
-in a single-threaded process: the reaper calls them in its child, between fork and exec.
+torchrun's agent hosts unauthenticated TCPStores, one holding the rendezvous state, a pickle the
+agent loads every monitor tick: on 127.0.0.1 any local user could run code as the learner.
+:func:`enter` moves the calling process, and all it starts afterwards, into a fresh network
+namespace whose only interface is its own loopback (as root ``unshare(CLONE_NEWNET)``, otherwise
+inside a user namespace that maps the user to itself), plus a private mount namespace whose
+``/etc/hosts`` names ``::ffff:127.0.0.1``. :func:`join` enters another process's namespaces
+(chapter 5's second "node"). Both must run in a single-threaded process: the reaper calls them
+in its child, between fork and exec. docs/architecture.md, "Trust boundary", has the model.
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Run a command and make sure nothing it started outlives it (or us).
 
-``python -m course_lib.launcher._reaper CMD...`` runs CMD (e.g. ``torchrun ...``) as a child. torchrun's
-workers live in their own sessions, so a killed Jupyter kernel would leave them running. This
-small supervisor sits between the kernel and torchrun and
-
-* becomes a *child subreaper* (Linux), so workers orphaned by a dying torchrun are re-parented
-  here and can still be found;
-* kills the whole tree when its stdin closes (the kernel died or gave up), on SIGTERM, and after
-  CMD exits (any leftovers);
-* exits with CMD's exit code.
-
-``--net=private`` starts CMD in a private network namespace
-(:mod:`course_lib.launcher._private_net`), or, where the kernel refuses, where we are;
+``python -m course_lib.launcher._reaper CMD...`` runs CMD (e.g. ``torchrun ...``) as a child:
+torchrun's workers live in their own sessions, so a killed Jupyter kernel would leave them
+running. It becomes a Linux *child subreaper* (orphaned workers are re-parented here), kills the
+whole tree when its stdin closes (the kernel died or gave up), on SIGTERM and after CMD exits,
+and exits with CMD's exit code. ``--net=private`` starts CMD in a private network namespace
+(:mod:`course_lib.launcher._private_net`) or, where the kernel refuses, where we are;
 ``--net=join:PID`` in PID's. ``--ready-fd=N`` then says which on fd N (``private PID`` with
-CMD's pid, or ``shared <reason>``). :func:`start` is the parent's side of that.
+CMD's pid, or ``shared <reason>``). :func:`start` is the parent's side.
 """
 from __future__ import annotations
 

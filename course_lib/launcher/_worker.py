@@ -1,22 +1,15 @@
 """What every rank started by :func:`course_lib.run` executes (the child side of the launcher).
 
-This module is preloaded into the warm fork server together with torch, so a rank only forks,
-wires up its pipes, joins the process group and calls the shipped function. The steps, in order:
-
-1. a *lifeline* thread: when the launching process dies (kernel killed, crash), the pipe it held
-   closes and this rank kills its process group (itself and any process it started) — no
-   orphans, whatever happens to the parent;
-2. stdout/stderr (Python and C level) go to pipes the parent reads and prefixes with the rank;
-3. ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are set as torchrun would, threads per rank are capped;
-4. ``init_process_group`` through a file store in a private directory (no port, no DNS look-up;
-   gloo's own sockets bound to the loopback interface);
-5. the function runs; its output pipes are closed, then its result or its traceback goes back
-   through a result pipe (so the parent has every line once it has the result);
-6. a rank that succeeded waits until the parent has *every* rank's result and releases it
-   through the lifeline (a barrier through the parent, cheaper than a gloo barrier: nobody
-   leaves while a peer may still talk to it); then it ends with ``os._exit`` — shutdown with live
-   gloo threads aborts the process in 10-30 % of runs (SIGABRT, "terminate called without an
-   active exception"). A rank that failed ends at once.
+Preloaded into the warm fork server with torch, so a rank only forks, wires up its pipes, joins
+the process group and calls the shipped function. In order: (1) a *lifeline* thread kills the
+rank's process group when the launching process dies (its pipe closes): no orphans; (2) stdout
+and stderr (Python and C level) go to pipes the parent prefixes with the rank; (3) ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK`` are set as torchrun would, threads per rank capped; (4)
+``init_process_group`` through a file store in a private directory, gloo bound to loopback;
+(5) the function runs; its output pipes close, then its result or traceback goes back through
+a result pipe; (6) a rank that succeeded waits until the parent has *every* rank's result, is
+released through the lifeline and ends with ``os._exit``; a rank that failed ends at once.
+Why ``os._exit`` and the parent barrier: docs/decisions.md.
 """
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """Mixed-precision Adam: bf16 weights and gradients, fp32 master weights and fp32 moments.
 
-The layout of Micikevicius et al. (2018) and of the ZeRO paper's "K = 12": the model computes
-in bf16 (weights 2 B and gradients 2 B per parameter) while the optimizer keeps an fp32 master
-copy (4 B) and Adam's two fp32 moments (4 + 4 B) — 16 B per parameter. Each step upcasts one
-gradient at a time, runs torch's own Adam math (``torch.optim.adam.adam``) on the master copy
-and copies the result back into the bf16 weight, so small updates accumulate in fp32 instead of
-vanishing in bf16's 8-bit mantissa.
-
-``fp32_grads=True`` adds an fp32 gradient accumulator per parameter (4 B more, the Ultra-Scale
-Playbook's 20 B/param, as nanotron does): each backward adds the bf16 gradient into it, and the
-optimizer reads it and zeroes it after the step (the bf16 ``p.grad`` is still made by autograd:
-the Playbook counts its 2 B too). It is kept in :attr:`grad_buffers`, not in the
-optimizer state, so memory trackers can count it as gradients.
+The layout of Micikevicius et al. (2018) and of the ZeRO paper's "K = 12": bf16 weights and
+gradients (2 + 2 B per parameter), an fp32 master copy (4 B) and Adam's two fp32 moments
+(4 + 4 B), 16 B per parameter. Each step upcasts one gradient at a time, runs torch's own Adam
+math (``torch.optim.adam.adam``) on the master copy and copies the result into the bf16 weight,
+so small updates accumulate in fp32 instead of vanishing in bf16's 8 significant bits.
+``fp32_grads=True`` adds an fp32 gradient accumulator per parameter (4 B more: the Ultra-Scale
+Playbook's 20 B/param, as nanotron does); each backward adds the bf16 gradient into it, the
+step reads and zeroes it. It is kept in :attr:`grad_buffers`, not in the optimizer state, so
+memory trackers count it as gradients.
 """
 from __future__ import annotations
 

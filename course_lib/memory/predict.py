@@ -1,26 +1,15 @@
 """Predictions: how many bytes training should take, from the sizes alone.
 
-Chapter 1 (``01_training_memory``) puts every number here next to a measurement from
-:func:`course_lib.memory.tracker.measure_step`; the predictions never read a measurement.
-
-* **Model states** (:func:`bytes_per_param`, :func:`model_state_bytes`): weights, gradients and
-  optimizer states. fp32 Adam keeps 4 + 4 + 4·2 = 16 bytes per parameter — the "16 B/param rule"
-  (Rajbhandari et al., ZeRO, 2020, count 2 + 2 + 12 for fp16 mixed precision: also 16, measured
-  as ``precision="mixed"``; ``"mixed-fp32-grads"`` is the Ultra-Scale Playbook's 20, see
-  :func:`playbook_table`). Exact to the byte, including the 4-byte ``step`` counter Adam keeps
-  per parameter *tensor*.
-* **Activations** (:func:`activation_terms`): what autograd saves for backward in our GPT,
-  derived tensor by tensor (exact to the byte on CPU). Korthikanti et al. (2022, "Reducing
-  Activation Recomputation in Large Transformer Models") count ``s·b·h·(34 + 5·a·s/h)`` bytes per
-  layer for 16-bit activations *with* dropout and *stored* attention scores
-  (:func:`korthikanti_bytes`). Our blocks have no dropout (−2 s·b·h: the two masks) and
-  flash-style SDPA keeps one fp32 log-sum-exp per row instead of the ``a·s²`` scores, which leaves
-  ``16·s·b·h`` *elements* per layer: 32·s·b·h bytes in bf16, 64·s·b·h in fp32.
-  ``recompute="selective"`` drops the attention core's saved tensors, ``"full"`` keeps only each
-  block's input (:meth:`GPT.set_recompute`).
-* **Peak** (:func:`peak_bytes`): the largest of the moments every step passes through.
-
-Later chapters add the ZeRO / FSDP divisions of :func:`model_state_bytes` here.
+Chapter 1 puts every number here next to a measurement
+(:func:`course_lib.memory.tracker.measure_step`); the predictions never read one. **Model
+states** (:func:`bytes_per_param`, :func:`model_state_bytes`): fp32 Adam keeps 4 + 4 + 4·2 = 16
+B/param (ZeRO's fp16 2 + 2 + 12 is 16 too; :func:`playbook_table`: the Ultra-Scale Playbook's
+20), exact to the byte with Adam's 4-byte ``step`` per parameter tensor. **Activations**
+(:func:`activation_terms`): what autograd saves in our GPT, derived tensor by tensor, exact on
+CPU; :func:`korthikanti_bytes` is Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` for
+comparison; ``recompute="selective"`` drops the attention core's saved tensors, ``"full"`` keeps
+only each block's input. **Peak** (:func:`peak_bytes`): the largest of the moments every step
+passes through. Derivations: chapter 1.
 """
 from __future__ import annotations
 

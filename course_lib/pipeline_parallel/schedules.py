@@ -1,20 +1,15 @@
 """Pipeline parallelism by hand: stages, GPipe and 1F1B with send/recv (chapter 4).
 
-The GPT's blocks are cut into ``p`` consecutive **stages**, one per process; the first stage also
-owns the embeddings, the last one ``ln_f``, ``lm_head`` and the loss. A batch is cut into ``m``
-**micro-batches** that flow through the stages like parts on an assembly line:
-
-* **GPipe**: every micro-batch forward, then every micro-batch backward. Simple, but each stage
-  keeps the activations of all ``m`` micro-batches until their backward.
-* **1F1B**: after ``p - rank - 1`` warm-up forwards, each stage alternates one forward and one
-  backward, so it never holds more than ``p - rank`` micro-batches' activations. Same bubble.
-
-Both leave stages idle while the pipeline fills and drains: the **bubble**, a fraction
-``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same. :func:`run_schedule` is the
-plain loop; what a stage does for one micro-batch (receive, forward, backward) is
-:class:`StageSteps`, which :mod:`~course_lib.pipeline_parallel.trace` times from outside.
-Sends use ``dist.isend`` (a stage never waits for its neighbour to be ready to receive — that
-would deadlock 1F1B); receives block.
+The GPT's blocks are cut into ``p`` consecutive **stages**, one per process (the first also owns
+the embeddings, the last ``ln_f``, ``lm_head`` and the loss); a batch is cut into ``m``
+**micro-batches**. **GPipe**: every forward, then every backward; each stage keeps all ``m``
+micro-batches' activations. **1F1B**: after ``p - rank - 1`` warm-up forwards a stage
+alternates one forward and one backward, holding at most ``p - rank``. Both have the same
+**bubble**, ``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same.
+:func:`run_schedule` is the plain loop; one micro-batch's receive, forward and backward is
+:class:`StageSteps`, which :mod:`~course_lib.pipeline_parallel.trace` times from outside. Sends
+use ``dist.isend`` (waiting for the neighbour to be ready to receive would deadlock 1F1B);
+receives block.
 """
 from __future__ import annotations
 

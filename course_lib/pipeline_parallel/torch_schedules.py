@@ -1,18 +1,14 @@
 """torch's own pipeline schedules, with the bubble measured: GPipe, 1F1B, interleaved 1F1B, ZB-V.
 
-Chapter 4 writes GPipe and 1F1B by hand; ``torch.distributed.pipelining`` also ships the
-schedules that shrink the bubble further. **Interleaved 1F1B** (Narayanan et al., 2021) gives
-each rank ``v`` smaller stages (rank r holds stages r, r+p, ...): the fill and drain take 1/v as
-long, bubble ``(p-1)/(v·m+p-1)``. **ZB-V** (Qi et al., 2024, "Zero Bubble Pipeline Parallelism")
-splits each backward into the input gradient (B, on the critical path) and the weight gradient
-(W, deferred into the idle slots); with two stages per rank in a V (rank r holds stages r and
-2p-1-r) its bubble is zero when F, B and W take equal time — not the case on a CPU, so the
-measured bubble shows what is left.
-
-The bubble is measured, not derived: each rank times its compute actions (torch's
-``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) on the shared
-monotonic clock; a rank's idle share of the step's span (first action on any rank to the last)
-is its bubble, messages in flight included (small next to ~ms of compute here).
+``torch.distributed.pipelining`` also ships the schedules that shrink chapter 4's bubble.
+**Interleaved 1F1B** (Narayanan et al., 2021) gives each rank ``v`` smaller stages (rank r holds
+r, r+p, ...): bubble ``(p-1)/(v·m+p-1)``. **ZB-V** (Qi et al., 2024) splits each backward into
+the input gradient (B, on the critical path) and the weight gradient (W, deferred into idle
+slots); with two stages per rank in a V (r and 2p-1-r) its bubble is zero when F, B and W take
+equal time, not the case on a CPU. The bubble is measured, not derived: each rank times torch's
+``forward_one_chunk``, ``backward_one_chunk`` and ``backward_weight_one_chunk`` on the shared
+monotonic clock; a rank's idle share of the step's span (first action on any rank to the last,
+messages in flight included) is its bubble.
 """
 from __future__ import annotations
 

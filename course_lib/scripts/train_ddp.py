@@ -1,32 +1,15 @@
 """Train a small MLP with DDP on a fixed global batch — one script for 1 process, 1 node, N nodes.
 
 Chapter 5 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
-single process's on the same global batch: data parallelism changes where the work runs, not
-the result. Each step draws the same global batch everywhere (seeded by the step) and every
-rank trains on its contiguous share; the mean of the ranks' mean losses is the global mean loss.
-
-Run it (any free port instead of 29400; each torchrun line of a multi-node run in its own shell,
-``--node-rank`` differing):
-
-    # one process
-    python course_lib/scripts/train_ddp.py --out /tmp/one.pt
-    # one node, 2 processes (your own machine only: see below)
-    torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out /tmp/node.pt
-    # two nodes with one process each (here both on this machine, over loopback)
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d \
-        --rdzv-endpoint=127.0.0.1:29400 --rdzv-conf=is_host=1 --local-addr=127.0.0.1 \
-        course_lib/scripts/train_ddp.py --out /tmp/two.pt
-    torchrun --nnodes=2 --node-rank=1 --nproc-per-node=1 --rdzv-backend=c10d \
-        --rdzv-endpoint=127.0.0.1:29400 --rdzv-conf=is_host=0 --local-addr=127.0.0.1 \
-        course_lib/scripts/train_ddp.py --out /tmp/two.pt
-
-From Python: ``course_lib.communication.multinode.run_two_nodes()`` builds and runs those two command lines.
-
-torchrun's stores have no authentication and listen on every interface (the c10d rendezvous
-keeps a pickle there that every agent loads): type these commands on your own machine, or on a
-cluster whose private network alone reaches the head node's port; on a shared machine (a
-JupyterHub) use ``course_lib.torchrun(...)``, or ``run_two_nodes()`` for the two nodes: they
-run them in a private network namespace (docs/architecture.md, "Trust boundary").
+single process's on the same global batch: data parallelism changes where the work runs, not the
+result. Every step draws the same global batch everywhere (seeded by the step); each rank trains
+on its contiguous share. Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
+``torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out node.pt``;
+``course_lib.communication.multinode.run_two_nodes()`` builds and runs the two-node command lines
+(written out in docs/decisions.md). ``--standalone`` is for your own machine only: torchrun's
+stores have no authentication and listen on every interface; on a shared machine (a JupyterHub)
+use ``course_lib.torchrun(...)`` or ``run_two_nodes()``: they run the job in a private network
+namespace (docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 

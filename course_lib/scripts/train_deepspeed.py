@@ -1,25 +1,15 @@
-r"""Train the course GPT with DeepSpeed from a JSON config — as practitioners launch it.
+"""Train the course GPT with DeepSpeed from a JSON config — as practitioners launch it.
 
 Write the config (chapter 08 prints one: ``course_lib.deepspeed.engine.deepspeed_config(2)``) to
-``ds_config.json`` and run, on one machine with 2 processes, either launcher:
-
-    deepspeed --num_gpus 2 course_lib/scripts/train_deepspeed.py \
-        --deepspeed_config ds_config.json
-    torchrun --nproc-per-node=2 course_lib/scripts/train_deepspeed.py \
-        --deepspeed_config ds_config.json
-
-(on a CPU-only machine ``deepspeed`` starts one process per "GPU" all the same; on nodes listed
-in a hostfile add ``--hostfile hosts``). The ZeRO stage, micro-batch and gradient accumulation
-come from the JSON; the world size from the launcher. It also runs inside
-``course_lib.run(main, 2, [...])`` and alone (world size 1). Rank 0 prints each step's loss;
-at the end every rank prints ``losses: [...]``, its own losses at full precision (the line
-chapter 08's test parses) — under torchrun as ``[rank r] losses: [...]``.
-
-Both launchers' stores (torchrun's agent's; under ``deepspeed``, the one rank 0 hosts at
-``MASTER_PORT``) have no authentication and listen on every interface: type these commands on
-your own machine, or on a cluster whose private network alone reaches that port; on a shared
-machine (a JupyterHub) use ``course_lib.torchrun(...)``, which runs the job in a private
-network namespace (docs/architecture.md, "Trust boundary").
+``ds_config.json`` and run ``deepspeed --num_gpus 2 course_lib/scripts/train_deepspeed.py
+--deepspeed_config ds_config.json``, or the same with ``torchrun --nproc-per-node=2`` in place
+of ``deepspeed --num_gpus 2`` (nodes in a hostfile: add ``--hostfile hosts``). The ZeRO stage,
+micro-batch and accumulation come from the JSON, the world size from the launcher; it also runs
+in ``course_lib.run(main, 2, [...])`` and alone. Rank 0 prints each step's loss; at the end every
+rank prints ``losses: [...]`` at full precision (the line chapter 08's test parses). Both
+launchers' stores (torchrun's agent's; under ``deepspeed`` rank 0's at ``MASTER_PORT``) have no
+authentication and listen on every interface: your own machine or a cluster's private network
+only; on a shared machine use ``course_lib.torchrun(...)`` (a private network namespace).
 """
 from __future__ import annotations
 

@@ -1,26 +1,14 @@
-r"""Data-parallel training of the course GPT — by hand or with torch DDP — as a script (chapter 2).
+"""Data-parallel training of the course GPT — by hand or with torch DDP — as a script (chapter 2).
 
-The same code as the notebook (:func:`course_lib.data_parallel.measure.train_rank_dp`): every rank trains on its
-share of each global batch; ``--mode hand`` broadcasts the weights and all-reduces the gradients
-itself, ``--mode torch`` wraps the model in ``DistributedDataParallel``. Rank 0 then trains one
-process on the concatenated batch and prints the largest weight difference.
-
-Run it on one machine with 4 processes:
-
-    torchrun --nproc-per-node=4 -m course_lib.scripts.train_dp --mode hand
-
-on two machines with 4 processes each (type on both; HEAD is the first machine's address):
-
-    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 \
-        -m course_lib.scripts.train_dp --mode torch
-
-or alone, as a plain process (world size 1):  python -m course_lib.scripts.train_dp
-
-torchrun's stores have no authentication and listen on every interface (the c10d rendezvous
-keeps a pickle there that every agent loads): type these commands on your own machine, or on a
-cluster whose private network alone reaches the head node's port; on a shared machine (a
-JupyterHub) use ``course_lib.torchrun(...)``, which runs them in a private network namespace
-(docs/architecture.md, "Trust boundary").
+The notebook's code (:func:`course_lib.data_parallel.measure.train_rank_dp`): every rank trains
+on its share of each global batch; ``--mode hand`` broadcasts the weights and all-reduces the
+gradients itself, ``--mode torch`` wraps the model in ``DistributedDataParallel``. Rank 0 then
+trains one process on the concatenated batch and prints the largest weight difference. Run
+``torchrun --nproc-per-node=4 -m course_lib.scripts.train_dp --mode hand``, or alone
+``python -m course_lib.scripts.train_dp``; on two machines add ``--nnodes=2 --rdzv-backend=c10d
+--rdzv-endpoint=HEAD:29500`` on both. torchrun's stores have no authentication and listen on
+every interface: your own machine, or a cluster whose private network alone reaches the head
+node's port; on a shared machine use ``course_lib.torchrun(...)`` (a private network namespace).
 """
 from __future__ import annotations
 

@@ -1,37 +1,15 @@
-r"""Fault-tolerant training: FSDP2 GPT, sharded checkpoints, resume after any restart.
+"""Fault-tolerant training: FSDP2 GPT, sharded checkpoints, resume after any restart.
 
-Chapter 6 (``06_fault_tolerance``). Run it on one machine with 2 processes, restarting the whole
-group up to 3 times when a rank dies; every (re)start resumes from the latest *complete*
-checkpoint in ``--ckpt-dir``. Keep checkpoints in a folder of your own (``mktemp -d`` makes a
-fresh one only you can enter): a fixed name under ``/tmp`` can be created first by another user,
-and the save then refuses it (it could be redirected through links planted there):
-
-    D=$(mktemp -d)
-    torchrun --standalone --nproc-per-node=2 --max-restarts=3 \
-        -m course_lib.scripts.train_ft --ckpt-dir $D/ckpt --steps 12 --every 3 --out $D/final.pt
-
-Make it fail on purpose (attempt:rank:step:kind; kinds kill, raise, save — save dies after
-writing shards of checkpoint ``step`` but before its commit marker):
-
-    COURSE_FT_FAULTS=0:1:5:kill,1:0:9:save torchrun --standalone --nproc-per-node=2 \
-        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir $D/ckpt --out $D/final.pt
-
-on two machines (type on both; HEAD is the first machine's address; the checkpoint directory
-must be on a shared file system):
-
-    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 \
-        --max-restarts=3 -m course_lib.scripts.train_ft --ckpt-dir /mnt/ckpt/ft --out /mnt/ckpt/ft.pt
-
-or alone, as a plain process (world size 1):  python -m course_lib.scripts.train_ft --steps 4
-
-Rank 0 writes ``{"losses": tensor, "params": {name: tensor}}`` to ``--out`` (load it with
-``torch.load(path, weights_only=True)``).
-
-``--standalone`` above is for your own machine only: torchrun's stores have no authentication
-and listen on every interface (the c10d rendezvous keeps a pickle there that every agent
-loads). On a cluster, only its private network may reach the head node's port; on a shared
-machine (a JupyterHub) use ``course_lib.torchrun(...)``, which runs the job in a private
-network namespace (docs/architecture.md, "Trust boundary").
+Chapter 6. Every (re)start resumes from the latest *complete* checkpoint in ``--ckpt-dir``; keep
+it in a folder of your own (``D=$(mktemp -d)``: a fixed name under ``/tmp`` can be created first
+by another user, and the save then refuses it). One machine, 2 processes, up to 3 restarts:
+``torchrun --standalone --nproc-per-node=2 --max-restarts=3 -m course_lib.scripts.train_ft
+--ckpt-dir $D/ckpt --steps 12 --every 3 --out $D/final.pt``; alone: ``python -m
+course_lib.scripts.train_ft --steps 4``. Fail on purpose with ``COURSE_FT_FAULTS=0:1:5:kill``
+(attempt:rank:step:kind; kinds kill, raise, save). Rank 0 writes ``{"losses", "params"}`` to
+``--out`` (``torch.load(path, weights_only=True)``). ``--standalone`` is for your own machine
+only: torchrun's stores have no authentication; on a shared machine use ``course_lib.torchrun``.
+Multi-node commands (checkpoints on a shared file system): docs/decisions.md.
 """
 from __future__ import annotations
 

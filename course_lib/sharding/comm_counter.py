@@ -1,27 +1,15 @@
-"""Count the bytes a training step hands to collectives, by collective type: the course's one byte counter.
+"""Count the bytes a training step hands to collectives, by type: the course's one byte counter.
 
-DDP's reducer (C++), FSDP2 and ``ZeroRedundancyOptimizer`` all end up calling the c10d
-operators ``torch.ops.c10d.*`` (``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``,
-``broadcast_`` ...) through the dispatcher, on gloo as on NCCL. :class:`CommCounter` is a
-``TorchDispatchMode`` that sees every such call made on this rank while it is active — also the
-ones DDP issues from inside ``backward`` — and adds up the sizes of the tensors involved.
-It also sees the *functional* collectives ``torch.ops._c10d_functional.*`` that DTensor (tensor
-parallelism, chapter 4) and compiled code issue; they return their output instead of filling an
-argument. (``torch.distributed.tensor.debug.CommDebugMode`` sees the same calls but only counts them.)
-
-For each call the **message size** ``S`` is recorded as nccl-tests prints it: the whole buffer
-(the all-reduce / broadcast tensors, the all-gather *output*, the reduce-scatter *input*), i.e.
-the larger of the operator's first two tensor arguments. The **volume** is the ZeRO paper's
-accounting of what one rank sends (and receives): ``2·S`` for an all-reduce (a reduce-scatter
-followed by an all-gather), ``S`` for everything else — so data parallelism moves ``2Ψ`` per
-step and ZeRO-3 ``3Ψ`` (a ring sends ``(n-1)/n`` of that; the paper drops this factor).
-
-Usage, in a rank (works inside ``course_lib.run`` and under ``FakeTensorMode``)::
-
-    with CommCounter() as comm:
-        loss = model(x).sum(); loss.backward(); opt.step()
-    comm.bytes_by_type()   # {"all_reduce": 4_194_304, ...}
-    comm.volume()          # ZeRO-paper bytes of this step
+DDP's reducer (C++), FSDP2 and ``ZeroRedundancyOptimizer`` all call the c10d operators
+``torch.ops.c10d.*`` through the dispatcher, on gloo as on NCCL; DTensor and compiled code call
+the functional ``torch.ops._c10d_functional.*``. :class:`CommCounter`, a ``TorchDispatchMode``,
+sees every such call on this rank while active (also those DDP issues inside ``backward``) and
+records the **message size** ``S`` as nccl-tests prints it: the whole buffer, i.e. the larger of
+the operator's first two tensor arguments. The **volume** is the ZeRO paper's count of what a
+rank sends: ``2·S`` for an all-reduce (a ring's reduce-scatter plus all-gather), ``S`` for the
+rest, so DP moves ``2Ψ`` per step and ZeRO-3 ``3Ψ``. Works inside ``course_lib.run`` and under
+``FakeTensorMode``: ``with CommCounter() as comm: ...`` then ``comm.bytes_by_type()`` (e.g.
+``{"all_reduce": 4_194_304}``) and ``comm.volume()``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
 """Simulate one rank of a big distributed run in this process: fake tensors, fake process group.
 
-Chapter 3 (``03_sharding_zero_fsdp``) asks which strategy lets a 7B-parameter model train on
-8 × 80 GB GPUs. Nobody has those on a laptop, but the *memory* of a rank depends only on shapes
-and dtypes, so :func:`measure_fake` runs the very same code as a real rank
-(:func:`course_lib.sharding.rank_measure.measure_rank`: the same wrapping, the same trackers):
-
-* a **fake process group** (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``):
-  ``world_size`` ranks are declared, this process plays rank ``r``, collectives return at once;
-* **FakeTensorMode**: the model is built directly on fake tensors (nothing is allocated) and
-  every operator only computes output shapes; the trackers still see every "allocation";
-* the device mesh is created *outside* FakeTensorMode (inside it, mesh creation fails) and
-  optimizers use ``foreach=False`` (foreach kernels report a bogus optimizer peak on fake tensors).
-
-A 7B model takes seconds per simulated rank and well under 1 GiB of RAM. Step times are not
-measured (fake operators take no real time).
+Chapter 3 asks which strategy lets a 7B model train on 8 × 80 GB GPUs. A rank's *memory* depends
+only on shapes and dtypes, so :func:`measure_fake` runs the very code of a real rank
+(:func:`course_lib.sharding.rank_measure.measure_rank`: same wrapping, same trackers) with a
+**fake process group** (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``:
+``world_size`` ranks declared, this process plays rank ``r``, collectives return at once) and
+**FakeTensorMode** (the model is built on fake tensors, nothing is allocated, every operator
+only computes shapes; the trackers still see every "allocation"). Traps: the device mesh is
+created *outside* FakeTensorMode (inside, its creation fails) and optimizers use
+``foreach=False`` (foreach kernels report a bogus optimizer peak on fake tensors). Step times are
+not measured (fake operators take no real time).
 """
 from __future__ import annotations
 

@@ -1,25 +1,15 @@
-"""ZeRO's memory and communication formulas — the paper's and the exact ones for torch's classes.
+"""ZeRO's memory and communication formulas: the paper's and the exact ones for torch's classes.
 
-Chapter 3 (``03_sharding_zero_fsdp``) puts these next to :func:`course_lib.sharding.measure.
-measure_distributed`; nothing here reads a measurement.
-
-**The paper** (Rajbhandari et al., "ZeRO", SC 2020, Figure 1) counts mixed-precision Adam as 2Ψ
-fp16 params + 2Ψ fp16 grads + KΨ optimizer states (K = 12: fp32 master params, momentum,
-variance) per replica, and shards them over N ranks in stages (:func:`paper_bytes`):
-DP ``(4+K)Ψ``, ZeRO-1 (P_os) ``4Ψ + KΨ/N``, ZeRO-2 (P_os+g) ``2Ψ + (2+K)Ψ/N``, ZeRO-3
-(P_os+g+p) ``(4+K)Ψ/N``; its 7.5B-parameter example on 64 GPUs: 120 / 31.4 / 16.6 / 1.9 GB.
-Communication per step: ``2Ψ`` for DP, ZeRO-1 and ZeRO-2 (reduce-scatter + all-gather), ``3Ψ``
-for ZeRO-3 (parameters are gathered twice: forward and backward).
-
-**What torch does** (:func:`per_rank_bytes`, :func:`comm_bytes`), from the parameter shapes:
-
-* our "amp" keeps fp32 master *weights* (4 B), fp32 grads (4 B) and fp32 states (4 B each):
-  :func:`ideal_bytes` is the paper's formula with these sizes (fp32 Adam: 4 + 4 + 8);
-* ``ZeroRedundancyOptimizer`` (ZeRO-1) gives each rank *whole* parameters, largest first, to the
-  rank with the fewest elements so far (:func:`zero1_assignment`) — shares are unequal;
-* FSDP2 splits every parameter along dim 0 like ``torch.chunk``: each rank stores
-  ``ceil(d0/N)`` rows (the last ones padded), its optimizer states only the real rows;
-* Adam keeps a 4-byte ``step`` counter per parameter tensor it updates.
+Chapter 3 puts these next to :func:`course_lib.sharding.measure.measure_distributed`; nothing
+here reads a measurement. **The paper** (Rajbhandari et al., SC 2020, Figure 1;
+:func:`paper_bytes`, :func:`paper_comm`): mixed-precision Adam is ``(2 + 2 + K)Ψ`` per replica
+(K = 12), sharded in stages: DP ``(4+K)Ψ``, ZeRO-1 ``4Ψ + KΨ/N``, ZeRO-2 ``2Ψ + (2+K)Ψ/N``,
+ZeRO-3 ``(4+K)Ψ/N``; ``2Ψ`` of communication per step, ``3Ψ`` for ZeRO-3. **What torch does**
+(:func:`per_rank_bytes`, :func:`comm_bytes`, from the parameter shapes): fp32 master weights,
+grads and Adam states (:func:`ideal_bytes`: 4 + 4 + 8); ``ZeroRedundancyOptimizer`` gives each
+rank *whole* parameters greedily (:func:`zero1_assignment`: unequal shares); FSDP2 splits every
+parameter along dim 0 like ``torch.chunk`` (``ceil(d0/N)`` rows, the last padded; optimizer
+states only for real rows); Adam keeps a 4-byte ``step`` per parameter tensor.
 """
 from __future__ import annotations
 

@@ -1,18 +1,15 @@
 """FSDP (ZeRO-3) by hand: each unit's parameters live as one flat shard per rank (chapter 3).
 
 The notebook types :class:`FSDPUnit` and :class:`FSDPByHand` in a cell; this is their library
-copy. A *unit* is a transformer block, plus one for the rest of the model (embeddings, final
-norm, head — the root, as FSDP2's ``fully_shard(model)``). Each unit keeps a flat shard (a
-``Parameter``, the optimizer's fp32 master) and a flat full buffer that owns **no bytes** except
-while it is needed: :meth:`FSDPUnit.pre_forward` gives the bytes back and all-gathers the shards
-into it (cast to ``param_dtype``), just before the unit's forward and again just before its
-backward; after the forward the bytes are freed (``untyped_storage().resize_(0)``: the autograd
-graph keeps the tensor objects, not their memory — FSDP2 does the same); when the unit's full
-gradient is complete, :meth:`FSDPUnit.post_backward` reduce-scatters it (fp32) into the shard's
-average gradient and frees the full gradient and parameters. The root is treated like the others
-(gathered twice, as ``fully_shard(model)`` does: 3Ψ per step). Tied parameters must be in one
-unit. Gradient accumulation over several backwards is not supported (each backward overwrites
-the shard's grad).
+copy. A *unit* is a transformer block, plus the root (embeddings, final norm, head, as FSDP2's
+``fully_shard(model)``). Each keeps a flat shard (a ``Parameter``, the optimizer's fp32 master)
+and a flat full buffer that owns **no bytes** except while needed: :meth:`FSDPUnit.pre_forward`
+all-gathers the shards into it (cast to ``param_dtype``) before the unit's forward and again
+before its backward; after the forward the bytes are freed (``untyped_storage().resize_(0)``, as
+FSDP2 does); :meth:`FSDPUnit.post_backward` reduce-scatters the full gradient (fp32) into the
+shard's average gradient and frees it. The root is gathered twice too (3Ψ per step). Tied
+parameters must be in one unit; gradient accumulation over several backwards is not supported
+(each backward overwrites the shard's grad).
 """
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """ZeRO-1 and ZeRO-2 by hand: any torch optimizer, its state kept for this rank's shard (chapter 3).
 
 The notebook types :func:`shard_bounds` and :class:`ShardedOptimizer` in a cell; this is their
-library copy (a test keeps the two identical). Each param group's trainable parameters become
-views into **one flat buffer** (their dtype and device), padded to ``N`` equal shards of
-``ceil(Ψ/N)`` elements; rank ``r`` owns the slice :func:`shard_bounds` gives (``torch.chunk``'s
-rule, the one FSDP2 applies to each parameter's rows). The inner optimizer sees only the
-*pieces* of the own shard, one per parameter, so hyperparameters per group, a parameter that got
-no gradient on any rank (skipped, as torch's optimizers skip ``grad is None``) and a 4-byte
-``step`` per piece work as in the plain optimizer. A step averages the gradients — ZeRO-1
-``all_reduce``s the whole flat gradient and keeps it, ZeRO-2 ``reduce_scatter_single``s it so only
-the own shard's sum arrives — steps the pieces, then ``all_gather_single``s the parameters.
-Harnesses (training, the memory tracker) are in :mod:`course_lib.sharding.hand_measure`.
+library copy. Each param group's trainable parameters become views into **one flat buffer**,
+padded to ``N`` equal shards of ``ceil(Ψ/N)`` elements; rank ``r`` owns :func:`shard_bounds`'s
+slice (``torch.chunk``'s rule). The inner optimizer sees only the *pieces* of the own shard, so
+per-group hyperparameters, parameters without a gradient (skipped) and a 4-byte ``step`` per
+piece work as in the plain optimizer. A step averages the gradients (ZeRO-1 ``all_reduce``s the
+whole flat gradient and keeps it, ZeRO-2 ``reduce_scatter_single``s it so only the own shard's
+sum arrives), steps the pieces, then ``all_gather_single``s the parameters. Harnesses
+(training, the memory tracker) are in :mod:`course_lib.sharding.hand_measure`.
 """
 from __future__ import annotations
 

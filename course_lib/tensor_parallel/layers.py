@@ -1,23 +1,15 @@
 """Megatron-style tensor parallelism, by hand and with DTensor (chapter 4, ``04_model_parallel``).
 
-One transformer block is split over the ``t`` ranks of a group, Megatron style:
-
-* ``mlp.fc`` is **column-parallel**: rank r keeps rows ``r·4h/t … (r+1)·4h/t`` of the weight, so
-  it computes its own slice of the hidden layer; GELU acts element-wise, so it stays local;
-* ``mlp.proj`` is **row-parallel**: rank r keeps the matching columns and produces a *partial*
-  sum of the output; one all-reduce adds the partial sums (the bias is added once, after it);
-* attention does the same with **heads**: ``attn.qkv`` keeps the q, k and v rows of its ``a/t``
-  heads (column-parallel), attention runs on the local heads, ``attn.proj`` is row-parallel.
-
-Two conjugate autograd functions carry all the communication (Megatron calls them f and g):
-``f`` = identity forward, all-reduce backward (where a replicated input enters a column-parallel
-linear); ``g`` = all-reduce forward, identity backward (after a row-parallel linear).
-Per block: 2 all-reduces of ``b·s·h`` elements in forward (two g) and 2 in backward (two f).
-No instrument inside: the bytes are counted from outside, by the course's one counter
-(:class:`~course_lib.sharding.comm_counter.CommCounter`, in :mod:`~course_lib.tensor_parallel.measure`).
-
-:func:`dtensor_block` builds the same split with ``torch.distributed.tensor.parallel``; both are
-checked against the dense :class:`course_lib.common.models.Block` in ``tests/tensor_parallel/test_tensor_parallel.py``.
+One transformer block is split over the ``t`` ranks of a group: ``mlp.fc`` is
+**column-parallel** (rank r keeps rows ``r·4h/t … (r+1)·4h/t`` and computes its slice of the
+hidden layer; GELU stays local), ``mlp.proj`` **row-parallel** (the matching columns give a
+*partial* sum; one all-reduce adds them, then the bias once); attention does the same with
+**heads** (``attn.qkv`` keeps its ``a/t`` heads' q, k, v rows; ``attn.proj`` is row-parallel).
+Two conjugate autograd functions carry all the communication (Megatron's f and g): ``f`` is
+identity forward, all-reduce backward; ``g`` all-reduce forward, identity backward. Per block: 2
+all-reduces of ``b·s·h`` elements in forward and 2 in backward. No instrument inside: the bytes
+are counted by :class:`~course_lib.sharding.comm_counter.CommCounter` (in
+:mod:`~course_lib.tensor_parallel.measure`). :func:`dtensor_block`: the same split in DTensor.
 """
 from __future__ import annotations
 

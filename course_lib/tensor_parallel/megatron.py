@@ -1,22 +1,15 @@
 """Megatron-core's tensor-parallel layers on the course block, and Megatron-LM's flags (chapter 4).
 
-Chapter 4 writes Megatron-style tensor parallelism by hand (:mod:`course_lib.tensor_parallel.layers`)
-and with DTensor. Here the same split is built from the real library, ``megatron-core``:
-
-* :class:`MegatronBlock` — the course :class:`~course_lib.common.models.Block` with ``attn.qkv`` and
-  ``mlp.fc`` as ``ColumnParallelLinear`` and ``attn.proj`` and ``mlp.proj`` as
-  ``RowParallelLinear``, weights copied from the dense block (the same rows/columns as the hand
-  version), so its output and gradients can be compared with it;
-* :func:`megatron_block_rank` — what each rank runs: ``parallel_state.initialize_model_parallel``,
-  the dense reference, the Megatron block, the hand-written and DTensor blocks (one launch),
-  ``parallel_state.destroy_model_parallel()`` on the way out (it is global state in megatron);
-* :func:`megatron_status` — ``(ok, reason)``: whether megatron-core can be used here (one rank
-  tries; the kernel never imports it, the warm server does once, via
-  :mod:`~course_lib.tensor_parallel.megatron_preload`); the notebook falls back to the
-  hand-written and DTensor versions when it cannot;
-* :func:`megatron_layout` — Megatron-LM's ``--tensor-model-parallel-size``,
-  ``--pipeline-model-parallel-size`` and the world size → the data-parallel size
-  (world = TP × PP × DP), micro-batches per step and where this course ran each part.
+Chapter 4's split (:mod:`course_lib.tensor_parallel.layers`), built from the real library,
+``megatron-core``. :class:`MegatronBlock` is the course :class:`~course_lib.common.models.Block`
+with ``ColumnParallelLinear`` ``attn.qkv``/``mlp.fc`` and ``RowParallelLinear``
+``attn.proj``/``mlp.proj``, weights copied from the dense block so outputs and gradients compare.
+:func:`megatron_block_rank` is one rank's run (megatron's global ``parallel_state`` set up and
+destroyed around the dense, Megatron, hand and DTensor blocks). :func:`megatron_status` says
+``(ok, reason)``: can megatron-core run here (only the warm server imports it, via
+:mod:`~course_lib.tensor_parallel.megatron_preload`); if not, the notebook uses the hand and
+DTensor versions. :func:`megatron_layout` turns Megatron-LM's ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size`` and the world size into the data-parallel size.
 """
 from __future__ import annotations
 
