@@ -43,6 +43,7 @@ CORRECTED = {
     r"Megatron-FSDP with \.\.\. optim": "placeholder; Megatron-LM arguments.py: --data-parallel-sharding-strategy optim",
     r"default DDP \(--data-parallel-sharding-strategy no_shard\)":
         "Megatron-LM arguments.py: that flag's default is optim_grads_params (used under --use-megatron-fsdp)",
+    r"× data-parallel size \|": "megatron-core parallel_state: world = TP × PP × CP × DP",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
