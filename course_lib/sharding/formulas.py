@@ -194,11 +194,13 @@ NAMES_IN_THE_WILD: list[dict[str, str]] = [
     {"course": "ddp", "ZeRO": "stage 0 (plain DP)",
      "DeepSpeed": '"zero_optimization": {"stage": 0}',
      "FSDP1": "ShardingStrategy.NO_SHARD", "FSDP2": "(DDP; fully_shard has no replicate-all mode)",
-     "Megatron-LM": "default DDP (--data-parallel-sharding-strategy no_shard)"},
+     "Megatron-LM": "default: DDP (under --use-megatron-fsdp: --data-parallel-sharding-strategy "
+                    "no_shard; that flag's default is optim_grads_params)"},
     {"course": "zero1", "ZeRO": "stage 1: P_os",
      "DeepSpeed": '"zero_optimization": {"stage": 1}',
      "FSDP1": "(none)", "FSDP2": "(none; torch has ZeroRedundancyOptimizer)",
-     "Megatron-LM": "--use-distributed-optimizer (or Megatron-FSDP with ... optim)"},
+     "Megatron-LM": "--use-distributed-optimizer (or --use-megatron-fsdp "
+                    "--data-parallel-sharding-strategy optim)"},
     {"course": "zero2", "ZeRO": "stage 2: P_os+g",
      "DeepSpeed": '"zero_optimization": {"stage": 2}',
      "FSDP1": "ShardingStrategy.SHARD_GRAD_OP", "FSDP2": "fully_shard(..., reshard_after_forward=False)",
