@@ -4,17 +4,21 @@
 enters a private network namespace first (torchft's lighthouse, managers, stores and its HTTP
 checkpoint server have no authentication, and a recovering replica unpickles what a peer serves
 with ``weights_only=False``: inside the namespace only this job can reach them). There it
-starts a lighthouse and two replica groups of one rank each (``replica`` processes: torchft's
-``Manager``, ``ProcessGroupGloo``, ``OptimizerWrapper``; a quorum per step), SIGKILLs replica 1
-once it has reached step ``kill_at``, and starts it again at once: the survivor goes on
-alone, the newcomer joins a later quorum and fetches the weights from its live peer. Both stop
-at the first step at or past ``steps`` that they share. Every line is JSON, relayed as is.
+starts a lighthouse and two replica groups of one rank each (forks of a zygote that imported
+torch and torchft once: torchft's ``Manager``, ``ProcessGroupGloo``, ``OptimizerWrapper``; a
+quorum per step), SIGKILLs replica 1 once it has reached step ``kill_at``, and starts it again
+once the survivor has committed a step alone (a fork takes milliseconds, a real replacement
+longer): the newcomer joins a later quorum and fetches the weights from its live peer. Both
+stop at the first step at or past ``steps`` that they share. Every line is JSON, relayed as is.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -73,6 +77,80 @@ def _replica(index: int, lighthouse: str, steps: int, step_s: float) -> None:
     os._exit(0)
 
 
+class _Zygote:
+    """A fork of the job made before its lighthouse starts: torch, torchft and the task are
+    imported once, and each replica (the restarted one too) is forked from it on request, not
+    a fresh interpreter importing them again (seconds each on 2 cores, while the survivor waits).
+    A replica dies with the zygote, which ends when the job closes its socket."""
+
+    def __init__(self) -> None:
+        import torch.nn.functional  # noqa: F401 - what _replica imports, imported here once
+        from torchft import Manager, ProcessGroupGloo  # noqa: F401
+        from torchft.optim import OptimizerWrapper  # noqa: F401
+        from course_lib.communicating_less import measure  # noqa: F401
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                self.sock.close()
+                self._serve(theirs)
+            finally:
+                os._exit(70)
+        theirs.close()
+
+    @staticmethod
+    def _serve(sock: socket.socket) -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the replicas
+        while True:
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            if not msg:
+                os._exit(0)
+            pid = os.fork()
+            if pid == 0:  # a replica: stdout to the job's pipe, gone when the zygote goes
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                sock.close()
+                os.dup2(fds[0], 1)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+                _replica(*json.loads(msg))
+                os._exit(0)
+            os.close(fds[0])
+            sock.send(struct.pack("!q", pid))
+
+    def start(self, *args) -> "_Forked":
+        read, write = os.pipe()
+        socket.send_fds(self.sock, [json.dumps(args).encode()], [write])
+        os.close(write)
+        pid = struct.unpack("!q", self.sock.recv(8))[0]
+        return _Forked(pid, os.fdopen(read, "r"))
+
+    def close(self) -> None:
+        self.sock.close()
+        os.waitpid(self.pid, 0)
+
+
+class _Forked:
+    """A replica forked by the zygote: the part of ``Popen`` the job uses."""
+
+    def __init__(self, pid: int, stdout) -> None:
+        self.pid, self.stdout = pid, stdout
+
+    def poll(self) -> int | None:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return -signal.SIGKILL
+        return None
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> None:
+        while self.poll() is None:
+            time.sleep(0.01)
+
+
 def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
     """In a private network namespace: lighthouse, two replicas, one killed and restarted."""
     from course_lib.launcher import _private_net
@@ -81,6 +159,7 @@ def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
     except _private_net.Refused as exc:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
+    zygote = _Zygote()  # before the lighthouse's threads exist
     from torchft.coordination import LighthouseServer
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500,
                                   heartbeat_timeout_ms=1000)
@@ -88,10 +167,8 @@ def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
     lines: queue.Queue = queue.Queue()
     procs = []
 
-    def start(index: int) -> subprocess.Popen:
-        proc = subprocess.Popen([*PYTHON, "replica", str(index), address, str(steps),
-                                 str(step_s)], stdout=subprocess.PIPE, text=True,
-                                stderr=subprocess.DEVNULL)
+    def start(index: int) -> _Forked:
+        proc = zygote.start(index, address, steps, step_s)
         threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] and None,
                          daemon=True).start()
         procs.append(proc)
@@ -111,17 +188,19 @@ def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
             print(line.strip(), flush=True)
             row = json.loads(line)
             if row.get("replica") == 1 and row.get("step", -1) >= kill_at and not killed:
-                victim.send_signal(signal.SIGKILL)
+                victim.kill()
                 victim.wait()
                 print(json.dumps({"killed": 1, "t": time.time()}), flush=True)
                 killed = True
-                victim = start(1)
+            elif killed and victim.poll() is not None and row.get("participants") == 1:
+                victim = start(1)  # back once the survivor has committed a step alone
             done += "done" in row
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        zygote.close()
         lighthouse.shutdown()
 
 
@@ -172,7 +251,4 @@ def summarize(lines: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "replica":
-        _replica(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
-    else:
-        _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+    _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))

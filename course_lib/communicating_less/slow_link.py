@@ -5,7 +5,8 @@ loopback is shaped with ``tc`` (a token bucket, as chapter 5's link sweep shapes
 enters fresh network and mount namespaces (:func:`course_lib.launcher._private_net.enter`, before
 it imports torch), sets its loopback to an Ethernet MTU (the bucket's burst holds a packet),
 and per rate shapes it (:func:`course_lib.launcher.netns.shape`) and calls one of
-this chapter's measurements, whose ranks (and their gloo sockets on 127.0.0.1) live inside.
+this chapter's measurements, whose ranks (and their gloo sockets on 127.0.0.1) live inside,
+forked from the child itself (``launch.serve_from_here``: torch is imported once, not twice).
 Nothing outside sees the shaping; the namespace ends with the child. One JSON line per rate.
 """
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _main() -> None:
     from course_lib.launcher.netns import shape
     module, _, name = JOBS[request["job"]].partition(":")
     measure = getattr(importlib.import_module(module), name)
+    from course_lib.launcher.launch import serve_from_here
+    for preload in ("torch.nn.parallel", "torch._dynamo", "course_lib.launcher._worker"):
+        importlib.import_module(preload)  # what DDP's ranks would import each
+    serve_from_here()  # ranks forked from this process: no second interpreter imports torch
     for rate in request["rates"]:
         shape(os.getpid(), "lo", rate, 0)
         rows = measure(**request["kwargs"])

@@ -54,6 +54,14 @@ class _ServerCache:
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
 
 
+def serve_from_here() -> None:
+    """From now on fork this process's ranks from a copy of it (``_fork_here``), not from a
+    fresh interpreter: for a child that imported torch itself. Call it while no thread runs."""
+    from course_lib.launcher._fork_here import fork_server
+    with _SERVERS._lock:
+        _SERVERS._server = fork_server()
+
+
 def warm_up(wait: bool = True) -> None:
     """Start the warm server now (it imports torch once, a few seconds), so the first run is fast.
 
