@@ -27,6 +27,7 @@ CORRECTED = {
     r"burning the cluster for 30 minutes": "torch's default timeout is 10 min for NCCL, 30 min for gloo",
     r"the seed's": "authoring leftover",
     r"not yet: not answered yet": "feedback reads TO DO / NOT YET / PASS",
+    r"103,696|103_696": "chapter 11's student MLP(128, 256, 256, 16) has 102,928 parameters",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
