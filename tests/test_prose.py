@@ -1,8 +1,9 @@
 """Sentences an accuracy pass corrected stay corrected, and the terms the course leans on are defined.
 
 Each phrase is listed with the source it contradicted; the scan covers every notebook's markdown,
-the README and the glossary. A term listed in TERMS must have a glossary row naming the first
-chapter that uses it, and that chapter must say what it is where it first appears.
+the README, the glossary and docs/teaching.md. A term listed in TERMS must have a glossary row
+naming the first chapter that uses it, and that chapter must say what it is where it first
+appears.
 """
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ CORRECTED = {
     r"the seed's": "authoring leftover",
     r"not yet: not answered yet": "feedback reads TO DO / NOT YET / PASS",
     r"103,696|103_696": "chapter 11's student MLP(128, 256, 256, 16) has 102,928 parameters",
+    r"Adam divides by its square root, turning noise":
+        "torch.optim.Adam's lr·m/(√v+ε), ε = 1e-8: noise of 1e-10 moves a weight ~1 % of lr, not lr",
+    r"up to ~1e-5 here": "chapter 09's output beside it prints weight differences of 5e-5",
+    r"\(`all_to_all_single`, which has a backward":
+        "dist.all_to_all_single has no autograd; torch.distributed.nn.functional's has",
+    r"2 × \(rows for other ranks\)": "the return trip carries the rows received, not those sent",
+    r"where a killed rank is restarted from": "torchrun's agent restarts the whole worker group",
+    r"NCCL on GPUs where present; the same notebook picks":
+        "cells build CPU tensors; ProcessGroupNCCL moves CUDA tensors only",
+    r"H = 1, 4, 16 over the slow link": "chapter 11 times H = 1 and 8 over the shaped link",
+    r"the step during which its peer died commits nothing":
+        "chapter 11's output shows 0 redone: only a step whose all-reduce fails is redone",
+    r'sees "not yet" under each exercise': "feedback reads TO DO / NOT YET / PASS",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
@@ -42,7 +56,7 @@ def _markdown(path: Path) -> list[str]:
 def _texts():
     for path in NOTEBOOKS:
         yield path.name, "\n".join(_markdown(path))
-    for doc in ("README.md", "docs/glossary.md"):
+    for doc in ("README.md", "docs/glossary.md", "docs/teaching.md"):
         yield doc, (ROOT / doc).read_text()
 
 
