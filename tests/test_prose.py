@@ -42,6 +42,7 @@ CORRECTED = {
     r"the step during which its peer died commits nothing":
         "chapter 11's output shows 0 redone: only a step whose all-reduce fails is redone",
     r'sees "not yet" under each exercise': "feedback reads TO DO / NOT YET / PASS",
+    r'NCCL 2\.10\+"\)': "torch 2.13 distributed.py: '... NCCL 2.10+ or XPU and XCCL'",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
