@@ -1,8 +1,9 @@
 """Sentences an accuracy pass corrected stay corrected, and the terms the course leans on are defined.
 
 Each phrase is listed with the source it contradicted; the scan covers every notebook's markdown,
-the README and the glossary. A term listed in TERMS must have a glossary row naming the first
-chapter that uses it, and that chapter must say what it is where it first appears.
+the README, the glossary and docs/teaching.md. A term listed in TERMS must have a glossary row
+naming the first chapter that uses it, and that chapter must say what it is where it first
+appears.
 """
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ CORRECTED = {
         "Megatron-LM arguments.py: that flag's default is optim_grads_params (used under --use-megatron-fsdp)",
     r"× data-parallel size \|": "megatron-core parallel_state: world = TP × PP × CP × DP",
     r"The next cell takes about 10 s on an idle": "chapter 1's stored fake 7B step printed 4.2 s",
+    r"103,696|103_696": "chapter 11's student MLP(128, 256, 256, 16) has 102,928 parameters",
+    r"Adam divides by its square root, turning noise":
+        "torch.optim.Adam's lr·m/(√v+ε), ε = 1e-8: noise of 1e-10 moves a weight ~1 % of lr, not lr",
+    r"up to ~1e-5 here": "chapter 09's output beside it prints weight differences of 5e-5",
+    r"\(`all_to_all_single`, which has a backward":
+        "dist.all_to_all_single has no autograd; torch.distributed.nn.functional's has",
+    r"2 × \(rows for other ranks\)": "the return trip carries the rows received, not those sent",
+    r"where a killed rank is restarted from": "torchrun's agent restarts the whole worker group",
+    r"NCCL on GPUs where present; the same notebook picks":
+        "cells build CPU tensors; ProcessGroupNCCL moves CUDA tensors only",
+    r"H = 1, 4, 16 over the slow link": "chapter 11 times H = 1 and 8 over the shaped link",
+    r"the step during which its peer died commits nothing":
+        "chapter 11's output shows 0 redone: only a step whose all-reduce fails is redone",
+    r'sees "not yet" under each exercise': "feedback reads TO DO / NOT YET / PASS",
+    r'NCCL 2\.10\+"\)': "torch 2.13 distributed.py: '... NCCL 2.10+ or XPU and XCCL'",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
@@ -59,9 +75,9 @@ def _markdown(path: Path) -> list[str]:
 
 @functools.cache
 def _texts() -> tuple[tuple[str, str], ...]:
-    """(name, whitespace-collapsed text) of every notebook's markdown, the README and the glossary."""
+    """(name, whitespace-collapsed text) of every notebook's markdown, the README, the glossary and teaching.md."""
     named = [(path.name, "\n".join(_markdown(path))) for path in NOTEBOOKS]
-    named += [(doc, (ROOT / doc).read_text()) for doc in ("README.md", "docs/glossary.md")]
+    named += [(doc, (ROOT / doc).read_text()) for doc in ("README.md", "docs/glossary.md", "docs/teaching.md")]
     return tuple((name, re.sub(r"\s+", " ", text)) for name, text in named)
 
 

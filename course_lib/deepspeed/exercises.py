@@ -40,8 +40,9 @@ def check_fit_config(ds_config: object, *, config: GPTConfig | str | list = "gpt
     The config's ZeRO stage is "run" through the course's prediction (checked to the byte
     against the measurement in this chapter) at ``n_gpus`` ranks; its model states must stay
     below ``headroom`` of the GPU (the rest is for activations, buckets and the CUDA context),
-    and no lower stage may fit (a lower stage communicates less). ``config`` may also be the
-    list of parameter shapes (building the 7B model's shapes on "meta" takes seconds).
+    and no lower stage may fit (stage 3 moves 3Ψ per step, stages 0-2 move 2Ψ: ZeRO §7).
+    ``config`` may also be the list of parameter shapes (building the 7B model's shapes on
+    "meta" takes seconds).
     Returns ``(passed, message)``.
     """
     if ds_config is None or ds_config is Ellipsis:
@@ -65,7 +66,8 @@ def check_fit_config(ds_config: object, *, config: GPTConfig | str | list = "gpt
                        f"than {headroom:.0%} of {gpu_bytes / 1e9:g} GB")
     if fit_answer(config, n_gpus, gpu_bytes, headroom, shapes) != stage:
         return False, (f"stage {stage} fits ({need / 1e9:.1f} GB per GPU), but a lower stage "
-                       "fits too and communicates less")
+                       "fits too: take the lowest that fits (stage 3 moves 3Ψ per step, "
+                       "stages 0-2 move 2Ψ)")
     return True, f"stage {stage}: {need / 1e9:.1f} GB of model states per GPU — it fits"
 
 
