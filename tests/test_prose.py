@@ -27,6 +27,15 @@ CORRECTED = {
     r"burning the cluster for 30 minutes": "torch's default timeout is 10 min for NCCL, 30 min for gloo",
     r"the seed's": "authoring leftover",
     r"not yet: not answered yet": "feedback reads TO DO / NOT YET / PASS",
+    r"megatron-core 0\.x\b": "the order= default is megatron-core 0.16's parallel_state.py; early 0.x had no order",
+    r"one fit serves all `p`": "NCCL's tuning picks ring/tree per size and node count: one (α, β) per link is a model",
+    r"10-100× faster than this veth": "PCIe 4.0 x16 31.5 GB/s, NVLink 4 450 GB/s vs ~1 GB/s loopback: tens to hundreds",
+    r"import torch: about 10-30 s": "the stored two-node run took 8.5 s",
+    r"name the ones that did not arrive": "monitored_barrier raises on the first missing rank unless wait_all_ranks=True",
+    r"ASYNC_ERROR_HANDLING=1` aborts": "torch 2.13's default is 3 (SkipCleanUp): the watchdog tears down already",
+    r"expect 15-40 s": "the stored torchrun restart run took 12.3 s",
+    r"about 5-30 s on a 2-core laptop \(it prints its time\)": "the stored 7B plan took 4 s",
+    r"activations \(70-80 MiB here": "the measured activations are 69.5 and 81.1 MiB",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
