@@ -36,6 +36,7 @@ CORRECTED = {
     r"expect 15-40 s": "the stored torchrun restart run took 12.3 s",
     r"about 5-30 s on a 2-core laptop \(it prints its time\)": "the stored 7B plan took 4 s",
     r"activations \(70-80 MiB here": "the measured activations are 69.5 and 81.1 MiB",
+    r"a small envelope in front of each": "gloo/transport/tcp/pair.h: a 48-byte Op::preamble per message and per notice",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
