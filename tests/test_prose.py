@@ -37,6 +37,8 @@ CORRECTED = {
     r"about 5-30 s on a 2-core laptop \(it prints its time\)": "the stored 7B plan took 4 s",
     r"activations \(70-80 MiB here": "the measured activations are 69.5 and 81.1 MiB",
     r"a small envelope in front of each": "gloo/transport/tcp/pair.h: a 48-byte Op::preamble per message and per notice",
+    r"dense forward assumes every head is local": "course_lib/common/models.py Attention.forward infers the heads (-1)",
+    r"still had to change \(`-1` heads": "same: the dense forward already views (b, s, 3, -1, head_dim)",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
