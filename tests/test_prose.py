@@ -39,10 +39,13 @@ CORRECTED = {
     r"a small envelope in front of each": "gloo/transport/tcp/pair.h: a 48-byte Op::preamble per message and per notice",
     r"dense forward assumes every head is local": "course_lib/common/models.py Attention.forward infers the heads (-1)",
     r"still had to change \(`-1` heads": "same: the dense forward already views (b, s, 3, -1, head_dim)",
+    r"peft calls it": "peft's merge_and_unload() merges every adapted layer of a model, not one layer",
+    r"like `nccl-tests` and read": "a term used before it is said what it is (NVIDIA's NCCL benchmarks)",
+    r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
-TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07"}
+TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07", "DCP": "06"}
 
 
 def _markdown(path: Path) -> list[str]:
