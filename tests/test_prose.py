@@ -42,6 +42,8 @@ CORRECTED = {
     r"peft calls it": "peft's merge_and_unload() merges every adapted layer of a model, not one layer",
     r"like `nccl-tests` and read": "a term used before it is said what it is (NVIDIA's NCCL benchmarks)",
     r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
+    r"refuses a root that another user owns or can write to":
+        "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
