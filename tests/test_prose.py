@@ -44,6 +44,8 @@ CORRECTED = {
     r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
     r"refuses a root that another user owns or can write to":
         "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
+    r"ZeRO-1 instead: it all-reduces": "ZeroRedundancyOptimizer only broadcasts (zero_redundancy_optimizer.py "
+        "_sync_params); the all-reduce is DDP's",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
