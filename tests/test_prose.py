@@ -62,10 +62,29 @@ CORRECTED = {
         "chapter 11's output shows 0 redone: only a step whose all-reduce fails is redone",
     r'sees "not yet" under each exercise': "feedback reads TO DO / NOT YET / PASS",
     r'NCCL 2\.10\+"\)': "torch 2.13 distributed.py: '... NCCL 2.10+ or XPU and XCCL'",
+    r"megatron-core 0\.x\b": "the order= default is megatron-core 0.16's parallel_state.py; early 0.x had no order",
+    r"one fit serves all `p`": "NCCL's tuning picks ring/tree per size and node count: one (α, β) per link is a model",
+    r"10-100× faster than this veth": "PCIe 4.0 x16 31.5 GB/s, NVLink 4 450 GB/s vs ~1 GB/s loopback: tens to hundreds",
+    r"import torch: about 10-30 s": "the stored two-node run took 8.5 s",
+    r"name the ones that did not arrive": "monitored_barrier raises on the first missing rank unless wait_all_ranks=True",
+    r"ASYNC_ERROR_HANDLING=1` aborts": "torch 2.13's default is 3 (SkipCleanUp): the watchdog tears down already",
+    r"expect 15-40 s": "the stored torchrun restart run took 12.3 s",
+    r"about 5-30 s on a 2-core laptop \(it prints its time\)": "the stored 7B plan took 4 s",
+    r"activations \(70-80 MiB here": "the measured activations are 69.5 and 81.1 MiB",
+    r"a small envelope in front of each": "gloo/transport/tcp/pair.h: a 48-byte Op::preamble per message and per notice",
+    r"dense forward assumes every head is local": "course_lib/common/models.py Attention.forward infers the heads (-1)",
+    r"still had to change \(`-1` heads": "same: the dense forward already views (b, s, 3, -1, head_dim)",
+    r"peft calls it": "peft's merge_and_unload() merges every adapted layer of a model, not one layer",
+    r"like `nccl-tests` and read": "a term used before it is said what it is (NVIDIA's NCCL benchmarks)",
+    r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
+    r"refuses a root that another user owns or can write to":
+        "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
+    r"ZeRO-1 instead: it all-reduces": "ZeroRedundancyOptimizer only broadcasts (zero_redundancy_optimizer.py "
+        "_sync_params); the all-reduce is DDP's",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
-TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07"}
+TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07", "DCP": "06"}
 
 
 def _markdown(path: Path) -> list[str]:

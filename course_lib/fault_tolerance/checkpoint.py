@@ -56,7 +56,8 @@ def _shapes(model_sd: dict) -> dict[str, list[int]]:
 
 
 def _own_root(root: Path) -> None:
-    """Refuse a root that another user owns or may write to (they could swap or plant files)."""
+    """Refuse a root that another user owns or every user may write to (o+w): they could swap
+    or plant files. A group-writable root is accepted (a umask of 002 makes every folder so)."""
     st = os.stat(root)
     if st.st_uid != os.geteuid():
         raise CheckpointError(f"{root.name}: owned by another user (uid {st.st_uid}): keep "

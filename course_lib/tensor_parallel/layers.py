@@ -170,8 +170,9 @@ def tp_gpt(dense: GPT, rank: int, t: int, group=None) -> GPT:
 class _HeadShardedAttention(nn.Module):
     """Dense attention whose forward works on however many heads its qkv output holds.
 
-    The only model-code change DTensor needs: ``view(b, s, 3, -1, head_dim)`` instead of
-    ``view(b, s, 3, n_head, h // n_head)`` — after ColwiseParallel the output is rank-local.
+    After ColwiseParallel the qkv output is rank-local, so the forward infers the head count
+    (``view(b, s, 3, -1, head_dim)``, as :class:`course_lib.common.models.Attention` does); the
+    change DTensor needs is the reordered ``qkv`` rows.
     """
 
     def __init__(self, dense, config: GPTConfig, t: int) -> None:
