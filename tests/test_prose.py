@@ -55,6 +55,7 @@ CORRECTED = {
         "dist.all_to_all_single has no autograd; torch.distributed.nn.functional's has",
     r"2 × \(rows for other ranks\)": "the return trip carries the rows received, not those sent",
     r"where a killed rank is restarted from": "torchrun's agent restarts the whole worker group",
+    r"The same notebook picks the right one": "cells build CPU tensors; ProcessGroupNCCL moves CUDA tensors only",
     r"NCCL on GPUs where present; the same notebook picks":
         "cells build CPU tensors; ProcessGroupNCCL moves CUDA tensors only",
     r"H = 1, 4, 16 over the slow link": "chapter 11 times H = 1 and 8 over the shaped link",
