@@ -71,3 +71,15 @@ def test_notebooks_follow_the_course_outline(path):
     solutions = markdown.count("<summary>Solution")
     assert checks >= 2 and solutions >= 2, f"{path.name}: {checks} checks, {solutions} solutions"
     assert "answer = ..." in code or "NotImplementedError" in code, f"{path.name}: no learner stub"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_solution_cell_holds_its_solution_only(path):
+    """Each solution sits directly under its exercise, set apart: nothing after its </details>."""
+    shared = []
+    for cell in json.loads(path.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "<summary>Solution" in text:
+            if text[text.rfind("</details>") + len("</details>"):].strip():
+                shared.append(cell["id"])
+    assert shared == [], f"solution cells that run into the next text: {shared}"
