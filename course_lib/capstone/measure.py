@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib.capstone.predict import predict_peak
 from course_lib.capstone.train import rank_entry
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, validate_layout
 from course_lib.fault_tolerance.training import Fault
+from course_lib.launcher.devices import plan
 from course_lib.launcher.launch import run
 
 __all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "predict_run", "train_gpt"]
@@ -72,15 +74,17 @@ def step_flops(config: GPTConfig, batch_size: int) -> int:
 
 def predict_run(layout: dict, preset: str | GPTConfig = "small", batch_size: int = 8) -> dict:
     """Before any process starts: per rank the predicted model-state bytes (params, grads,
-    optimizer, model_states), and the FLOPs of one step on the global batch."""
+    optimizer, model_states) and peak bytes, and the FLOPs of one step on the global batch."""
     layout, config = validate_run(layout, preset, 1, batch_size)
     world = math.prod(layout.values()) if layout else 1
     if "pp" in layout:  # stage = the rank's pp coordinate (pp is the outermost mesh dimension)
         per_stage = world // layout["pp"]
         ranks = [predict_pp_bytes(config, layout, r // per_stage) for r in range(world)]
+        stages = [r // per_stage for r in range(world)]
     else:
-        ranks = [predict_gpt_bytes(config, layout or {"dp": 1})] * world
-    return {"layout": layout, "world": world, "bytes_predicted": ranks,
+        ranks, stages = [predict_gpt_bytes(config, layout or {"dp": 1})] * world, [None] * world
+    peaks = [predict_peak(config, layout, batch_size, b, st) for b, st in zip(ranks, stages)]
+    return {"layout": layout, "world": world, "bytes_predicted": ranks, "peak_predicted": peaks,
             "flops_per_step": step_flops(config, batch_size),
             "tokens_per_step": batch_size * config.seq_len}
 
@@ -88,7 +92,8 @@ def predict_run(layout: dict, preset: str | GPTConfig = "small", batch_size: int
 def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 20,
               batch_size: int = 8, lr: float = 3e-3, seed: int = 0,
               ckpt_dir: str | Path | None = None, every: int = 0, eval_every: int = 10,
-              faults: tuple[Fault, ...] = (), timeout: float = 300.0) -> dict:
+              faults: tuple[Fault, ...] = (), timeout: float = 300.0,
+              device: str | None = None) -> dict:
     """Train the course GPT on ``layout`` (``{}``: one process) on real ranks; report.
 
     ``batch_size`` is the global batch in sequences of the preset's ``seq_len`` (the same for
@@ -97,15 +102,22 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
     steps. Returns ``losses``, ``val_losses`` ([step, loss]), ``tokens_per_s``, ``mfu``,
     ``step_seconds`` (median), ``flops_per_step``, ``matmul_peak`` (FLOP/s, one thread),
     ``cores``, ``params`` (dense) and ``ranks``: per rank ``bytes_measured`` and
-    ``bytes_predicted``.
+    ``bytes_predicted``, ``peak_measured`` (the second step's peak; ``None`` after one step)
+    and ``peak_predicted``. ``device``: ``None`` lets ``run`` choose (CUDA + NCCL with a GPU
+    per rank, else CPU + gloo), ``"cpu"`` or ``"cuda"``.
     """
     layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
     predicted = predict_run(layout, config, batch_size)
+    world = predicted["world"]
+    placement = plan(world, None, device)  # "cuda" without a GPU fails here, before any process
+    if placement.device == "cuda" and "pp" in layout:
+        raise ValueError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "
+                         "tensors); use device='cpu'")
     kwargs = {"batch_size": batch_size // dp_size(layout), "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
-              "every": every, "faults": tuple(faults)}
-    world = predicted["world"]
-    results = run(rank_entry, world, config, layout, steps, kwargs, timeout=timeout, threads=1)
+              "every": every, "faults": tuple(faults), "device": placement.device}
+    results = run(rank_entry, world, config, layout, steps, kwargs, timeout=timeout, threads=1,
+                  device=placement.device, backend=placement.backend)
     first = results[0]
     cores = min(world, os.cpu_count() or 1)
     ran = len(first["step_seconds"])
@@ -123,6 +135,9 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
             "flops_per_step": predicted["flops_per_step"], "matmul_peak": first["matmul_peak"],
             "cores": cores, "mfu": achieved / (first["matmul_peak"] * cores),
             "params": params,
+            "device": placement.device, "backend": placement.backend,
             "ranks": [{"rank": r["rank"], "stage": r["stage"], "bytes_measured": r["bytes"],
-                       "bytes_predicted": predicted["bytes_predicted"][r["rank"]]}
+                       "bytes_predicted": predicted["bytes_predicted"][r["rank"]],
+                       "peak_measured": r["peak"],
+                       "peak_predicted": predicted["peak_predicted"][r["rank"]]}
                       for r in results]}
