@@ -1,15 +1,13 @@
-"""Before the run: each rank's peak bytes for a layout, from chapter 01's predictor.
+"""Before the run: each rank's peak bytes and step time for a layout, from the course's predictors.
 
-Chapter 01's moments (:func:`course_lib.memory.predict.peak_bytes`) on this rank's share:
-*start of backward* (params + Adam states + the batch + every saved activation + the logits'
-gradients) and *end of backward* (params + grads + Adam states), with this rank's model-state
-bytes from chapter 09's layouts. The layout changes the share: data parallelism splits the
-batch, TP splits what a block saves inside attention and the MLP (not the residual stream or
-the LayerNorm outputs), PP keeps its stage's blocks (a stage before the last also its output
-and the buffer the gradient comes back in, and its largest backward temporary is the MLP's
-hidden-layer gradient, not the logits'), FSDP2 holds the root's gathered parameters
-(embeddings, head) through backward, DDP one bucket copy of the gradients. Close to a lower
-bound, like chapter 01's: other gradients in flight inside backward are left out.
+Peak (:func:`predict_peak`): chapter 01's two moments (start and end of backward) on the rank's
+share, with its model-state bytes from chapter 09's layouts: dp splits the batch, TP what a
+block saves inside attention and the MLP, PP the blocks; FSDP2 adds its gathered root, DDP its
+gradient buckets. Step time (:func:`predict_step_time`): the FLOPs split over dp × tp × pp at
+this CPU's matmul peak, stretched by chapter 04's bubble, plus :func:`comm_per_step` on chapter
+05's α-β model, nothing overlapped. Both are close to lower bounds: gradients in flight inside
+backward are left out of the peak; Adam, LayerNorm, softmax, Python and small matrices' low
+matmul rate are left out of the time.
 """
 from __future__ import annotations
 
@@ -17,9 +15,14 @@ import math
 
 from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPTConfig
+from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
 from course_lib.memory.predict import activation_terms, batch_bytes
+from course_lib.pipeline_parallel.measure import bubble_formula
 
-__all__ = ["predict_peak", "root_bytes"]
+__all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
+           "predict_step_time", "DDP_BUCKET_BYTES"]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
 
 
 def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
@@ -37,7 +40,9 @@ def predict_peak(config: GPTConfig, layout: dict[str, int], batch_size: int, sta
                  stage: int | None = None) -> int:
     """Predicted peak bytes of one rank's steady training step (fp32, Adam): ``batch_size`` is
     the global batch, ``states`` the rank's predicted ``params``/``grads``/``optimizer``,
-    ``stage`` its pipeline stage (``None`` without ``pp``)."""
+    ``stage`` its pipeline stage (``None`` without ``pp``). A stage before the last also holds
+    its output and the buffer its gradient comes back in; having no logits, its largest
+    backward temporary is the MLP's hidden-layer gradient."""
     dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
     tp, pp = layout.get("tp", 1), layout.get("pp", 1)
     b, s, h = batch_size // dp, config.seq_len, config.d_model
@@ -59,3 +64,58 @@ def predict_peak(config: GPTConfig, layout: dict[str, int], batch_size: int, sta
     buckets = states["grads"] if "dp" in layout else 0  # DDP's flat gradient buckets
     fixed = states["params"] + states["optimizer"] + batch_bytes(b, s) + buckets
     return max(fixed + acts + temps + gathered, fixed + states["grads"])
+
+
+def comm_per_step(config: GPTConfig, layout: dict[str, int], batch_size: int,
+                  states: dict) -> list[tuple[str, str, int, int, int]]:
+    """One rank's collectives per training step: ``(what, collective, bytes, ranks, calls)``,
+    ``bytes`` summed over the ``calls``, each call's whole buffer as nccl-tests counts it."""
+    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    world = math.prod(layout.values()) if layout else 1
+    layers = config.n_layer // layout.get("pp", 1)
+    bsh = FP32 * (batch_size // dp) * config.seq_len * config.d_model
+    out = [("the loss's global mean", "all_reduce", FP32, world, 1)]
+    if "dp" in layout:
+        out.append(("DDP's gradient buckets", "all_reduce", states["grads"], layout["dp"],
+                    -(-states["grads"] // DDP_BUCKET_BYTES)))
+    if "dp_shard" in layout:  # per unit (every block and the root): gather twice, scatter once
+        full, p = states["params"] * layout["dp_shard"], layout["dp_shard"]
+        out += [("FSDP2's parameter all-gathers", "all_gather", 2 * full, p, 2 * (layers + 1)),
+                ("FSDP2's gradient reduce-scatters", "reduce_scatter", full, p, layers + 1)]
+    if "tp" in layout:  # attention and MLP outputs forward, their input gradients backward
+        out.append(("TP's block all-reduces", "all_reduce", 4 * layers * bsh, layout["tp"],
+                    4 * layers))
+    if "pp" in layout:
+        out.append(("PP's activation and its gradient", "send", 2 * bsh, 2, 2))
+    return out
+
+
+def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
+                       calls: int = 1) -> float:
+    """Chapter 05's α-β time of ``calls`` collectives moving ``n_bytes`` in all among ``p``
+    ranks: a ring all-reduce ``2(p-1)α + 2(p-1)/p·nβ`` per call, half of it for an all-gather
+    or a reduce-scatter, ``α + nβ`` for a point-to-point send."""
+    if p < 2:
+        return 0.0
+    ring = calls * ring_allreduce_time(n_bytes / calls, p, link.alpha, link.beta)
+    if collective == "all_reduce":
+        return ring
+    if collective in ("all_gather", "reduce_scatter"):
+        return ring / 2
+    return calls * link.alpha + n_bytes * link.beta
+
+
+def predict_step_time(config: GPTConfig, layout: dict[str, int], batch_size: int,
+                      flops: float, states: dict, matmul_peak: float,
+                      link: AlphaBeta | None) -> dict[str, float]:
+    """``compute_s`` + ``comm_s`` = ``step_s`` for one rank, before it runs: ``flops`` of the
+    step on the global batch, ``matmul_peak`` (FLOP/s of one rank), ``link`` (α, β; ``None``:
+    one process, no communication)."""
+    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    stage = flops / (dp * tp * pp) / matmul_peak
+    compute = stage / (1 - bubble_formula(pp, 1))  # one micro-batch: the stages take turns
+    comm = 0.0 if link is None else sum(collective_seconds(link, c, n, p, k)
+                                        for _, c, n, p, k in comm_per_step(config, layout,
+                                                                           batch_size, states))
+    return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}

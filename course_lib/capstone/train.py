@@ -22,6 +22,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
+from course_lib.communication.alphabeta import fit_alpha_beta
+from course_lib.communication.benchmark import _bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.measure import _quiet
@@ -32,8 +34,8 @@ from course_lib.launcher import progress
 from course_lib.memory.report import categorize
 from course_lib.memory.tracker import GlobalMemTracker
 
-__all__ = ["build", "train_rank", "matmul_peak", "rank_entry", "pick_device", "peak_step",
-           "DEVICE_CHOICES", "VAL_SEQUENCES"]
+__all__ = ["build", "train_rank", "matmul_peak", "machine_constants", "rank_entry",
+           "pick_device", "peak_step", "DEVICE_CHOICES", "VAL_SEQUENCES", "LINK_SIZES"]
 
 VAL_SEQUENCES = 8  # the fixed validation batch: the first 8 windows of the validation split
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -220,10 +222,22 @@ def matmul_peak(n: int = 512, repeats: int = 5, device: str = "cpu") -> float:
     return 2 * n ** 3 / best
 
 
-def rank_entry(config, layout, steps, kwargs) -> dict:
-    """What ``train_gpt`` ships to each rank: train, then rank 0 measures the matmul peak."""
-    out = train_rank(config, layout, steps, **kwargs)
-    device = kwargs.get("device", "cpu")
-    out["matmul_peak"] = matmul_peak(device=device) if out["rank"] == 0 else None
+LINK_SIZES = (2**10, 2**14, 2**18, 2**20)  # all-reduce sizes the α-β fit sees, 1 KiB-1 MiB
+
+
+def machine_constants(device: str = "cpu") -> dict:
+    """Inside a rank, on every rank: this process's ``matmul_peak`` and ``link``, the α and β
+    chapter 05 fits to all-reduces of ``LINK_SIZES`` among all ranks (``None`` alone)."""
+    out = {"matmul_peak": matmul_peak(device=device), "link": None}
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        rows = _bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
+        fit = fit_alpha_beta([(dist.get_world_size(), n, t) for _, n, t, _ in rows])
+        out["link"] = (fit.alpha, fit.beta)
     return out
 
+
+def rank_entry(config, layout, steps, kwargs) -> dict:
+    """What ``train_gpt`` ships to each rank: this machine's constants (before the first step,
+    for the step-time prediction and MFU), then training."""
+    constants = machine_constants(kwargs.get("device", "cpu"))
+    return {**train_rank(config, layout, steps, **kwargs), **constants}

@@ -61,6 +61,37 @@ def test_measured_peak_is_the_predicted_peak_on_every_rank(runs):
     assert runs["{'tp': 2}"]["ranks"][0]["peak_measured"] < runs["{}"]["ranks"][0]["peak_measured"]
 
 
+def test_step_prediction_is_a_lower_bound_built_from_the_machine_constants(runs):
+    from course_lib.capstone.measure import dp_size
+    from course_lib.pipeline_parallel.measure import bubble_formula
+    for name, r in runs.items():
+        t, layout = r["step_predicted"], r["layout"]
+        share = dp_size(layout) * layout.get("tp", 1) * layout.get("pp", 1)
+        expected = r["flops_per_step"] / share / r["matmul_peak"]
+        assert t["compute_s"] == pytest.approx(expected / (1 - bubble_formula(layout.get("pp", 1), 1)))
+        assert (t["comm_s"] > 0) == (r["world"] > 1) and (r["link"] is None) == (r["world"] == 1)
+        assert r["step_ratio"] > 1, (name, r["step_ratio"])  # matmuls at their peak, nothing else
+
+
+def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes():
+    from course_lib.capstone.predict import collective_seconds, comm_per_step
+    from course_lib.common.models import get_config
+    from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
+    from course_lib.composition.layouts import predict_gpt_bytes
+    c, link = get_config("tiny"), AlphaBeta(1e-4, 1e-9)
+    ddp = predict_gpt_bytes(c, {"dp": 2})
+    rows = {what: row for what, *row in comm_per_step(c, {"dp": 2}, 8, ddp)}
+    assert rows["DDP's gradient buckets"] == ["all_reduce", ddp["grads"], 2, 1]
+    assert collective_seconds(link, "all_reduce", ddp["grads"], 2) == \
+        ring_allreduce_time(ddp["grads"], 2, link.alpha, link.beta)
+    fsdp = predict_gpt_bytes(c, {"dp_shard": 2})
+    rows = {what: row for what, *row in comm_per_step(c, {"dp_shard": 2}, 8, fsdp)}
+    assert rows["FSDP2's parameter all-gathers"][1] == 2 * 2 * fsdp["params"]  # twice the model
+    bsh = 4 * 8 * c.seq_len * c.d_model
+    rows = {what: row for what, *row in comm_per_step(c, {"tp": 2}, 8, fsdp)}
+    assert rows["TP's block all-reduces"] == ["all_reduce", 4 * c.n_layer * bsh, 2, 4 * c.n_layer]
+
+
 def test_sharded_layouts_hold_less_per_rank(runs):
     whole = runs["{}"]["ranks"][0]["bytes_measured"]["model_states"]
     assert runs["{'dp': 2}"]["ranks"][1]["bytes_measured"]["model_states"] == whole
