@@ -135,6 +135,8 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
     layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
     predicted = predict_run(layout, config, batch_size)
     world = predicted["world"]
+    if device is None and "pp" in layout:  # chapter 09's stages send CPU tensors
+        device = "cpu"
     placement = plan(world, None, device)  # "cuda" without a GPU fails here, before any process
     if placement.device == "cuda" and "pp" in layout:
         raise ValueError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "

@@ -41,9 +41,11 @@ VAL_SEQUENCES = 8  # the fixed validation batch: the first 8 windows of the vali
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
-def pick_device(requested: str = "auto", cuda_available: bool | None = None) -> tuple[str, str]:
+def pick_device(requested: str = "auto", cuda_available: bool | None = None,
+                pipeline: bool = False) -> tuple[str, str]:
     """``(device, backend)``: ``"auto"`` is ``("cuda", "nccl")`` where torch sees a GPU, else
-    ``("cpu", "gloo")``; ``"cuda"`` without one is a ``ValueError`` (before any process group)."""
+    ``("cpu", "gloo")`` (a ``pipeline`` layout: always, its stages send CPU tensors); ``"cuda"``
+    without a GPU, or for a pipeline, is a ``ValueError`` (before any process group)."""
     if requested not in DEVICE_CHOICES:
         raise ValueError(f"unknown device {requested!r}; choose one of {DEVICE_CHOICES}")
     if cuda_available is None:
@@ -51,6 +53,10 @@ def pick_device(requested: str = "auto", cuda_available: bool | None = None) -> 
     if requested == "cuda" and not cuda_available:
         raise ValueError("device 'cuda' was requested but torch sees no CUDA GPU here "
                          "(torch.cuda.is_available() is False); use --device cpu or auto")
+    if requested == "cuda" and pipeline:
+        raise ValueError("pipeline layouts run on the CPU here; use --device cpu or auto")
+    if pipeline:
+        return "cpu", "gloo"
     device = "cuda" if requested == "cuda" or (requested == "auto" and cuda_available) else "cpu"
     return device, "nccl" if device == "cuda" else "gloo"
 

@@ -83,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
         if value is not None:
             options[key] = parse_layout(value) if key == "layout" else value
     options["faults"], options["out"] = parse_faults(args.faults), args.out
-    options["device"], options["backend"] = pick_device(args.device)
+    options["device"], options["backend"] = pick_device(args.device,
+                                                        pipeline="pp" in options["layout"])
     return options
 
 
@@ -96,8 +97,6 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
                          f"torchrun started {world}")
     if o["device"] == "cuda":
-        if "pp" in layout:
-            raise SystemExit("pipeline layouts run on the CPU here; use --device cpu")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per local rank
     rank, _ = init_distributed(o["backend"])
     result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),

@@ -143,6 +143,9 @@ def test_device_choice_and_a_missing_gpu_fail_before_any_process(monkeypatch):
     assert pick_device("auto", cuda_available=False) == ("cpu", "gloo")
     assert pick_device("cpu", cuda_available=True) == ("cpu", "gloo")
     assert pick_device("cuda", cuda_available=True) == ("cuda", "nccl")
+    assert pick_device("auto", cuda_available=True, pipeline=True) == ("cpu", "gloo")
+    with pytest.raises(ValueError, match="pipeline layouts run on the CPU"):
+        pick_device("cuda", cuda_available=True, pipeline=True)
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         pick_device("gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
