@@ -18,9 +18,11 @@ import shlex
 from course_lib.common.checks import positive_int
 from course_lib.launcher.torchrun import cluster_command
 
-__all__ = ["SCRIPT", "script_args", "slurm_script", "trainjob_manifest"]
+__all__ = ["SCRIPT", "GPU_NOTE", "script_args", "slurm_script", "trainjob_manifest"]
 
 SCRIPT = "course_lib/scripts/train_gpt.py"  # relative to the repository, on every node
+GPU_NOTE = ("# train_gpt.py --device auto (its default): each rank trains on GPU $LOCAL_RANK and "
+            "joins with NCCL;\n# on a node where torch sees no GPU it falls back to CPU + gloo")
 
 
 def script_args(layout: dict[str, int], preset: str = "small", steps: int = 1000,
@@ -53,6 +55,7 @@ def slurm_script(nnodes: int, gpus_per_node: int, args: list[str], *,
         'HEAD_NODE_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "JOB_ID=$SLURM_JOB_ID                  # the rendezvous id: the same on every node",
         "export HEAD_NODE_ADDR JOB_ID",
+        GPU_NOTE,
         comment,
         f"srun bash -c {shlex.quote(command)}",
         ""])
@@ -67,6 +70,7 @@ def trainjob_manifest(nnodes: int, gpus_per_node: int, args: list[str], *,
     q = json.dumps
     return "\n".join([
         comment,
+        GPU_NOTE,
         "apiVersion: trainer.kubeflow.org/v1alpha1",
         "kind: TrainJob",
         "metadata:",

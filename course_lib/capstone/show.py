@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from course_lib.display import DPI, FIGSIZE
 
-__all__ = ["format_side_by_side", "format_speed", "curve_gap", "format_curves", "plot_curves", "train_widget"]
+__all__ = ["format_side_by_side", "format_speed", "step_verdict", "curve_gap", "format_curves",
+           "plot_curves", "train_widget", "STEP_RATIO_SEEN"]
+
+#: measured / predicted step time seen on 2 busy cores (tiny and small presets, every layout)
+STEP_RATIO_SEEN = (5, 100)
 
 
 def _name(layout: dict) -> str:
@@ -11,26 +15,43 @@ def _name(layout: dict) -> str:
 
 
 def format_side_by_side(results: list[dict]) -> str:
-    """Per layout and rank: predicted and measured model-state MB; then speed and MFU."""
-    lines = [f"{'layout':22} {'rank':>4} {'stage':>5} {'predicted MB':>12} {'measured MB':>11} "
-             f"{'diff':>6}"]
+    """Per layout and rank: predicted and measured model-state MB, then peak MB."""
+    lines = [f"{'layout':22} {'rank':>4} {'stage':>5} {'states: predicted MB':>20} "
+             f"{'measured':>8} {'diff':>6} {'peak: predicted MB':>18} {'measured':>8} {'diff':>6}"]
     for r in results:
         for rank in r["ranks"]:
             p = rank["bytes_predicted"]["model_states"]
             m = rank["bytes_measured"]["model_states"]
+            pp, mp = rank.get("peak_predicted"), rank.get("peak_measured")
+            peak = (f"{pp / 1e6:18.3f} {mp / 1e6:8.3f} {(mp - pp) / pp:+6.1%}" if mp and pp
+                    else f"{'-':>18} {'-':>8} {'':>6}")
             stage = "-" if rank["stage"] is None else str(rank["stage"])
-            lines.append(f"{_name(r['layout']):22} {rank['rank']:4d} {stage:>5} {p / 1e6:12.3f} "
-                         f"{m / 1e6:11.3f} {abs(m - p) / p:6.1%}")
+            lines.append(f"{_name(r['layout']):22} {rank['rank']:4d} {stage:>5} {p / 1e6:20.3f} "
+                         f"{m / 1e6:8.3f} {abs(m - p) / p:6.1%} {peak}")
     return "\n".join(lines)
 
 
 def format_speed(results: list[dict]) -> str:
-    """Tokens per second, median step time and MFU of each run (times: this machine, now)."""
-    lines = [f"{'layout':22} {'ranks':>5} {'tokens/s':>9} {'step ms':>8} {'MFU':>6}"]
+    """Tokens per second, predicted and measured median step time, their ratio and MFU of each
+    run (times: this machine, now)."""
+    lines = [f"{'layout':22} {'ranks':>5} {'tokens/s':>9} {'predicted ms':>12} {'step ms':>8} "
+             f"{'ratio':>6} {'MFU':>6}"]
     for r in results:
+        predicted = r["step_predicted"]["step_s"] * 1e3 if "step_predicted" in r else float("nan")
         lines.append(f"{_name(r['layout']):22} {r['world']:5d} {r['tokens_per_s']:9.0f} "
-                     f"{r['step_seconds'] * 1e3:8.1f} {r['mfu']:6.1%}")
+                     f"{predicted:12.2f} {r['step_seconds'] * 1e3:8.1f} "
+                     f"{r.get('step_ratio', float('nan')):6.1f} {r['mfu']:6.1%}")
     return "\n".join(lines)
+
+
+def step_verdict(result: dict, seen: tuple[float, float] = STEP_RATIO_SEEN) -> str:
+    """Which way the step-time prediction erred, and by how much, from the measurement."""
+    ratio, t = result["step_ratio"], result["step_predicted"]
+    low, high = seen
+    return (f"{_name(result['layout'])}: predicted {t['step_s'] * 1e3:.2f} ms (compute "
+            f"{t['compute_s'] * 1e3:.2f} + communication {t['comm_s'] * 1e3:.2f}), measured "
+            f"{result['step_seconds'] * 1e3:.1f} ms: x{ratio:.1f}; slower than predicted (a lower "
+            f"bound): {ratio >= 1}; within x{low}-x{high} (seen here): {low <= ratio <= high}")
 
 
 def curve_gap(reference: dict, result: dict) -> tuple[float, float]:
@@ -94,6 +115,7 @@ def train_widget():
             r = train_gpt(names[layout], preset=preset, steps=steps, eval_every=steps)
             print(format_side_by_side([r]))
             print(format_speed([r]))
+            print(step_verdict(r))
             print(f"loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}")
 
     return widgets.interactive(

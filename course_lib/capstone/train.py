@@ -1,14 +1,14 @@
 """The capstone's training loop, inside one rank: any layout of chapter 09, real data, eval,
-checkpoints that resume (and reshard), faults on purpose.
+checkpoints that resume (and reshard), faults on purpose, the peak of one step.
 
-:func:`train_rank` runs unchanged inside :func:`course_lib.run` (the notebook's face,
-:func:`course_lib.capstone.measure.train_gpt`) and in ``course_lib/scripts/train_gpt.py`` under
-torchrun (the script's face). The model comes from chapter 09's builders (``build_2d``: DDP,
-FSDP2, TP, FSDP2 × TP; ``build_pp``: two pipeline stages); the data order from
-:class:`~course_lib.capstone.data.DataOrder`; checkpoints from chapter 06's protocol
-(``save_checkpoint`` / ``resume_latest``: DCP shards, a commit marker written last), the data
-position and the loss history in the manifest. The loss printed per step is the global batch's
-mean (one all-reduce), so every layout reports the number one process would.
+:func:`train_rank` runs unchanged inside :func:`course_lib.run` (``train_gpt``, the notebook's
+face) and in ``course_lib/scripts/train_gpt.py`` under torchrun. The model comes from chapter
+09's builders (``build_2d``: DDP, FSDP2, TP, FSDP2 × TP; ``build_pp``: two stages), the data
+order from :class:`~course_lib.capstone.data.DataOrder`, checkpoints from chapter 06's protocol
+(DCP shards, a commit marker last; data position and loss history in the manifest). The loss
+per step is the global batch's mean (one all-reduce): every layout reports one process's number.
+:func:`peak_step`: chapter 01's tracker (CPU) or ``max_memory_allocated`` (GPU) on the second
+step; :func:`pick_device`: CUDA + NCCL where torch sees a GPU, CPU + gloo otherwise.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
+from course_lib.communication.alphabeta import fit_alpha_beta
+from course_lib.communication.benchmark import _bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.measure import _quiet
@@ -29,20 +31,46 @@ from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
 from course_lib.launcher import progress
+from course_lib.memory.report import categorize
+from course_lib.memory.tracker import GlobalMemTracker
 
-__all__ = ["build", "train_rank", "matmul_peak", "rank_entry", "VAL_SEQUENCES"]
+__all__ = ["build", "train_rank", "matmul_peak", "machine_constants", "rank_entry",
+           "pick_device", "peak_step", "DEVICE_CHOICES", "VAL_SEQUENCES", "LINK_SIZES"]
 
 VAL_SEQUENCES = 8  # the fixed validation batch: the first 8 windows of the validation split
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
-def build(config: GPTConfig, layout: dict[str, int], seed: int) -> dict:
+def pick_device(requested: str = "auto", cuda_available: bool | None = None,
+                pipeline: bool = False) -> tuple[str, str]:
+    """``(device, backend)``: ``"auto"`` is ``("cuda", "nccl")`` where torch sees a GPU, else
+    ``("cpu", "gloo")`` (a ``pipeline`` layout: always, its stages send CPU tensors); ``"cuda"``
+    without a GPU, or for a pipeline, is a ``ValueError`` (before any process group)."""
+    if requested not in DEVICE_CHOICES:
+        raise ValueError(f"unknown device {requested!r}; choose one of {DEVICE_CHOICES}")
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if requested == "cuda" and not cuda_available:
+        raise ValueError("device 'cuda' was requested but torch sees no CUDA GPU here "
+                         "(torch.cuda.is_available() is False); use --device cpu or auto")
+    if requested == "cuda" and pipeline:
+        raise ValueError("pipeline layouts run on the CPU here; use --device cpu or auto")
+    if pipeline:
+        return "cpu", "gloo"
+    device = "cuda" if requested == "cuda" or (requested == "auto" and cuda_available) else "cpu"
+    return device, "nccl" if device == "cuda" else "gloo"
+
+
+def build(config: GPTConfig, layout: dict[str, int], seed: int, device: str = "cpu") -> dict:
     """This rank's model for ``layout`` (``{}``: the plain GPT) and its place in the data."""
     if "pp" in layout:
+        if device != "cpu":  # chapter 09's pipeline step sends and receives CPU tensors
+            raise ValueError("pipeline layouts run on the CPU here; use device 'cpu'")
         return {"kind": "pp", **build_pp(config, layout, seed)}
     if not layout:
         torch.manual_seed(seed)
-        return {"kind": "single", "model": GPT(config), "dp_index": 0, "dp_size": 1}
-    _, model, dp_index, dp_size = build_2d(config, layout, seed)
+        return {"kind": "single", "model": GPT(config).to(device), "dp_index": 0, "dp_size": 1}
+    _, model, dp_index, dp_size = build_2d(config, layout, seed, device=device)
     return {"kind": "2d", "model": model, "dp_index": dp_index, "dp_size": dp_size}
 
 
@@ -81,6 +109,22 @@ def _reshard(model: torch.nn.Module) -> None:
             m.reshard()
 
 
+def peak_step(step, model: torch.nn.Module, optimizer, batch: tuple) -> tuple[object, int]:
+    """``step()``'s result and the bytes alive at its peak: on the CPU chapter 01's tracker
+    (model, optimizer, batch and everything the step creates), on a GPU the CUDA allocator's
+    ``max_memory_allocated`` (every tensor of this process)."""
+    device = batch[0].device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        out = step()
+        return out, torch.cuda.max_memory_allocated(device)
+    tracker = GlobalMemTracker()
+    tracker.track_external(model, optimizer, *batch)
+    with tracker:
+        out = step()
+    return out, sum(categorize(tracker.get_tracker_snapshot("peak")).values())
+
+
 def _check_meta(layout: dict[str, int], steps: int):
     def check(manifest: dict) -> None:
         meta = manifest["meta"]
@@ -97,27 +141,30 @@ def _check_meta(layout: dict[str, int], steps: int):
 def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_size: int,
                lr: float, seed: int = 0, eval_every: int = 0, ckpt_dir: str | None = None,
                every: int = 0, keep: int | None = 2, faults: tuple[Fault, ...] = (),
-               attempt: int | None = None, threads: int = 1, return_params: bool = True) -> dict:
+               attempt: int | None = None, threads: int = 1, return_params: bool = True,
+               device: str = "cpu") -> dict:
     """Train ``steps`` Adam steps of ``batch_size`` sequences per data-parallel rank.
 
     Resumes from the newest checkpoint in ``ckpt_dir`` that loads (any data-parallel layout
     with the same ``tp``: DCP reshards); saves one every ``every`` steps. Returns this rank's
     ``losses`` (global mean per step), ``val_losses`` ([step, loss] every ``eval_every`` steps
-    and at the end), ``bytes`` (model states as stored), ``step_seconds``, ``resumed_from``,
-    and ``params`` (full, dense names)."""
+    and at the end), ``bytes`` (model states as stored), ``peak`` (bytes at the peak of the
+    second step this process runs; ``None`` if it runs one), ``step_seconds`` (of the other
+    steps: the tracker slows that one), ``resumed_from``, and ``params`` (full, dense names)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if attempt is None:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     mine = {(f.step, f.kind): f for f in faults if f.attempt == attempt and f.rank == rank}
     torch.set_num_threads(threads)  # the same float work under run and under torchrun
     _quiet()  # DTensor's note on gathering 2-D shards, once per rank
-    b = build(config, layout, seed)
+    b = build(config, layout, seed, device)
     model = b["model"]
     optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
     train_tokens, val_tokens = split_corpus()
     order = DataOrder(Windows(train_tokens, config.seq_len), batch_size, b["dp_index"],
                       b["dp_size"], seed)
-    vx, vy = val_batch(val_tokens, config.seq_len, VAL_SEQUENCES, b["dp_index"], b["dp_size"])
+    vx, vy = (t.to(device) for t in val_batch(val_tokens, config.seq_len, VAL_SEQUENCES,
+                                              b["dp_index"], b["dp_size"]))
     start, losses, val_losses, resumed = 0, [], [], None
     if ckpt_dir:
         state = resume_latest(ckpt_dir, model, optimizer, check_meta=_check_meta(layout, steps))
@@ -126,18 +173,25 @@ def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_s
             meta = state["meta"]
             losses, val_losses = list(meta["losses"]), [list(v) for v in meta["val_losses"]]
             order.restore(meta["data"])
-    seconds = []
+    seconds, peak = [], None
     for step in range(start, steps):
         for kind in ("kill", "raise"):
             if (step, kind) in mine:
                 fire(mine[step, kind])
         t0 = time.perf_counter()
-        x, y = order.next_batch()
-        optimizer.zero_grad(set_to_none=True)
-        loss = _loss(b, config, x, y, backward=True)
-        optimizer.step()
-        losses.append(_global_mean(loss))
-        seconds.append(time.perf_counter() - t0)
+        x, y = (t.to(device) for t in order.next_batch())
+
+        def one_step() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            out = _loss(b, config, x, y, backward=True)
+            optimizer.step()
+            return out
+        if step == start + 1:  # the second step: Adam's states exist, DDP builds its buckets
+            loss, peak = peak_step(one_step, model, optimizer, (x, y))
+            losses.append(_global_mean(loss))  # not timed: the tracker slows the step
+        else:
+            losses.append(_global_mean(one_step()))
+            seconds.append(time.perf_counter() - t0)
         done = step + 1
         if eval_every and (done % eval_every == 0 or done == steps):
             with torch.no_grad():
@@ -152,28 +206,44 @@ def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_s
             save_checkpoint(ckpt_dir, done, model, optimizer, meta=meta, keep=keep,
                             before_commit=(lambda f=hook: fire(f)) if hook else None)
     out = {"rank": rank, "losses": losses, "val_losses": val_losses, "resumed_from": resumed,
-           "bytes": state_bytes(model, optimizer), "step_seconds": seconds,
+           "bytes": state_bytes(model, optimizer), "peak": peak, "step_seconds": seconds,
            "stage": b.get("stage"), "attempt": attempt}
     out["params"] = _dense(b, config, layout) if return_params else None  # same on every rank
     return out
 
 
-def matmul_peak(n: int = 512, repeats: int = 5) -> float:
+def matmul_peak(n: int = 512, repeats: int = 5, device: str = "cpu") -> float:
     """This process's best fp32 matmul rate in FLOP/s (``2 n³`` per ``n × n`` product), best of
-    ``repeats``: the peak MFU is measured against, on the threads this process has."""
-    a, c = torch.randn(n, n), torch.randn(n, n)
+    ``repeats``: the peak MFU is measured against, on the threads (or the GPU) it has."""
+    a, c = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     a @ c  # warm-up: first-call allocations
     best = math.inf
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         a @ c
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
 
 
-def rank_entry(config, layout, steps, kwargs) -> dict:
-    """What ``train_gpt`` ships to each rank: train, then rank 0 measures the matmul peak."""
-    out = train_rank(config, layout, steps, **kwargs)
-    out["matmul_peak"] = matmul_peak() if out["rank"] == 0 else None
+LINK_SIZES = (2**10, 2**14, 2**18, 2**20)  # all-reduce sizes the α-β fit sees, 1 KiB-1 MiB
+
+
+def machine_constants(device: str = "cpu") -> dict:
+    """Inside a rank, on every rank: this process's ``matmul_peak`` and ``link``, the α and β
+    chapter 05 fits to all-reduces of ``LINK_SIZES`` among all ranks (``None`` alone)."""
+    out = {"matmul_peak": matmul_peak(device=device), "link": None}
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        rows = _bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
+        fit = fit_alpha_beta([(dist.get_world_size(), n, t) for _, n, t, _ in rows])
+        out["link"] = (fit.alpha, fit.beta)
     return out
 
+
+def rank_entry(config, layout, steps, kwargs) -> dict:
+    """What ``train_gpt`` ships to each rank: this machine's constants (before the first step,
+    for the step-time prediction and MFU), then training."""
+    constants = machine_constants(kwargs.get("device", "cpu"))
+    return {**train_rank(config, layout, steps, **kwargs), **constants}

@@ -26,15 +26,16 @@ __all__ = ["MESH_ORDER", "build_2d", "train_2d", "local_bytes", "state_bytes", "
 MESH_ORDER = ("pp", "dp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 
 
-def build_2d(config: GPTConfig, layout: dict[str, int], seed: int = 0):
+def build_2d(config: GPTConfig, layout: dict[str, int], seed: int = 0, device: str = "cpu"):
     """Inside a rank: the mesh, the wrapped GPT, this rank's data-parallel (index, size).
 
     ``"dp"`` wraps the model in torch DDP; ``"dp_shard"`` (with ``"dp_replicate"``: HSDP) in
-    FSDP2; ``"tp"`` alone leaves the tensor-parallel blocks unwrapped."""
+    FSDP2; ``"tp"`` alone leaves the tensor-parallel blocks unwrapped. ``device="cuda"``: the
+    mesh and the model on this rank's current GPU (chapter 12's script under NCCL)."""
     names = tuple(n for n in MESH_ORDER if n in layout)
-    mesh = init_device_mesh("cpu", tuple(layout[n] for n in names), mesh_dim_names=names)
+    mesh = init_device_mesh(device, tuple(layout[n] for n in names), mesh_dim_names=names)
     torch.manual_seed(seed)
-    model = GPT(config)
+    model = GPT(config).to(device)
     if "tp" in layout:
         model.blocks = torch.nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
     dp_names = tuple(n for n in ("dp", "dp_replicate", "dp_shard") if n in layout)

@@ -7,7 +7,8 @@ Options: a TOML file (torchtitan's sections), the command line wins; ``--layout 
 ``COURSE_FT_FAULTS=attempt:rank:step:kind`` fails a rank on purpose (chapter 06's faults).
 ``--standalone`` is for your own machine only: torchrun's stores have no authentication (on a
 shared machine use ``course_lib.torchrun``; ``course_lib.capstone.cluster`` writes Slurm and
-Kubernetes files, gloo on the nodes' CPUs). Rank 0 writes ``{"losses", "params"}`` to ``--out``
+Kubernetes files). ``--device auto`` (the default) trains on GPU ``LOCAL_RANK`` with NCCL where
+torch sees CUDA, on the CPU with gloo otherwise; ``cpu`` or ``cuda`` forces one. Rank 0 writes ``{"losses", "params"}`` to ``--out``
 (read with ``torch.load(path, weights_only=True)``). More: docs/decisions.md, scripts/train_gpt.py.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tomllib
 import torch
 
 from course_lib.capstone.measure import validate_run, dp_size
-from course_lib.capstone.train import train_rank
+from course_lib.capstone.train import DEVICE_CHOICES, pick_device, train_rank
 from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
 from course_lib.launcher.torchrun import init_distributed
 
@@ -71,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ckpt-dir")
     parser.add_argument("--every", type=int, help="checkpoint every N steps (0: never)")
     parser.add_argument("--keep", type=int)
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                        help="cuda + NCCL where a GPU is seen (auto), or force cpu / cuda")
     parser.add_argument("--faults", default=os.environ.get(FAULTS_ENV, ""))
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -80,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
         if value is not None:
             options[key] = parse_layout(value) if key == "layout" else value
     options["faults"], options["out"] = parse_faults(args.faults), args.out
+    options["device"], options["backend"] = pick_device(args.device,
+                                                        pipeline="pp" in options["layout"])
     return options
 
 
@@ -91,16 +96,19 @@ def main(argv: list[str] | None = None) -> dict:
     if math.prod(layout.values()) != world:
         raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
                          f"torchrun started {world}")
-    rank, _ = init_distributed("gloo")  # the course's loop builds its meshes on CPU
+    if o["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per local rank
+    rank, _ = init_distributed(o["backend"])
     result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),
                         lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
                         ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
-                        faults=o["faults"])
+                        faults=o["faults"], device=o["device"])
     if rank == 0:
         start = result["resumed_from"]
         print(f"attempt {result['attempt']}: layout {layout}, "
               f"{'resumed from step ' + str(start) if start is not None else 'started fresh'}, "
-              f"final loss {result['losses'][-1]:.4f}", flush=True)
+              f"final loss {result['losses'][-1]:.4f} on {o['device']} ({o['backend']})",
+              flush=True)
         if o["out"]:
             torch.save({"losses": torch.tensor(result["losses"], dtype=torch.float64),
                         "params": result["params"]}, o["out"])

@@ -35,6 +35,7 @@ def test_the_generated_files_parse_and_name_the_same_job(tmp_path):
     assert manifest["kind"] == "TrainJob" and manifest["spec"]["trainer"]["numNodes"] == 2
     assert manifest["spec"]["runtimeRef"]["name"] == "torch-distributed"
     assert "no authentication" in sbatch and "no authentication" in trainjob_manifest(2, 8, args)
+    assert "NCCL" in sbatch and "NCCL" in trainjob_manifest(2, 8, args)
     k8s = _torchrun_argv(manifest["spec"]["trainer"]["command"][2])
     slurm = _torchrun_argv(_slurm_command(sbatch))
     for argv in (k8s, slurm):

@@ -1,0 +1,121 @@
+"""Before the run: each rank's peak bytes and step time for a layout, from the course's predictors.
+
+Peak (:func:`predict_peak`): chapter 01's two moments (start and end of backward) on the rank's
+share, with its model-state bytes from chapter 09's layouts: dp splits the batch, TP what a
+block saves inside attention and the MLP, PP the blocks; FSDP2 adds its gathered root, DDP its
+gradient buckets. Step time (:func:`predict_step_time`): the FLOPs split over dp × tp × pp at
+this CPU's matmul peak, stretched by chapter 04's bubble, plus :func:`comm_per_step` on chapter
+05's α-β model, nothing overlapped. Both are close to lower bounds: gradients in flight inside
+backward are left out of the peak; Adam, LayerNorm, softmax, Python and small matrices' low
+matmul rate are left out of the time.
+"""
+from __future__ import annotations
+
+import math
+
+from course_lib.common.dtypes import FP32
+from course_lib.common.models import GPTConfig
+from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
+from course_lib.memory.predict import activation_terms, batch_bytes
+from course_lib.pipeline_parallel.measure import bubble_formula
+
+__all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
+           "predict_step_time", "DDP_BUCKET_BYTES"]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
+
+
+def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
+    """fp32 bytes of the parameters outside the blocks that ``stage`` holds: the embeddings on
+    the first, the final LayerNorm and the head on the last (FSDP2's root unit)."""
+    h, v = config.d_model, config.vocab_size
+    first = stage is None or stage == 0
+    last = stage is None or stage == pp - 1
+    emb = v * h + config.seq_len * h if first else 0
+    head = 2 * h + (0 if config.tie_weights and first else v * h) + (v if config.bias else 0)
+    return FP32 * (emb + (head if last else 0))
+
+
+def predict_peak(config: GPTConfig, layout: dict[str, int], batch_size: int, states: dict,
+                 stage: int | None = None) -> int:
+    """Predicted peak bytes of one rank's steady training step (fp32, Adam): ``batch_size`` is
+    the global batch, ``states`` the rank's predicted ``params``/``grads``/``optimizer``,
+    ``stage`` its pipeline stage (``None`` without ``pp``). A stage before the last also holds
+    its output and the buffer its gradient comes back in; having no logits, its largest
+    backward temporary is the MLP's hidden-layer gradient."""
+    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    b, s, h = batch_size // dp, config.seq_len, config.d_model
+    terms = activation_terms(config, b, s)
+    bsh = FP32 * b * s * h
+    layer = terms["blocks"] // config.n_layer
+    inner = 12 * bsh + FP32 * b * config.n_head * s  # qkv, attention out, fc, GELU; log-sum-exp
+    layer -= inner - inner // tp
+    first = stage is None or stage == 0
+    last = stage is None or stage == pp - 1
+    acts = config.n_layer // pp * layer + (terms["positions"] if first else 0)
+    if last:
+        acts += terms["final_norm"] + terms["logits"] + terms["loss"]
+        temps = 2 * FP32 * b * s * config.vocab_size  # log-softmax's and the logits' gradients
+    else:  # a stage before the last: the output it holds and the buffer its gradient arrives in;
+        acts += 2 * bsh  # no logits, so the largest backward temporary is the MLP's hidden one
+        temps = 4 * bsh // tp
+    gathered = root_bytes(config, stage, pp) if "dp_shard" in layout else 0
+    buckets = states["grads"] if "dp" in layout else 0  # DDP's flat gradient buckets
+    fixed = states["params"] + states["optimizer"] + batch_bytes(b, s) + buckets
+    return max(fixed + acts + temps + gathered, fixed + states["grads"])
+
+
+def comm_per_step(config: GPTConfig, layout: dict[str, int], batch_size: int,
+                  states: dict) -> list[tuple[str, str, int, int, int]]:
+    """One rank's collectives per training step: ``(what, collective, bytes, ranks, calls)``,
+    ``bytes`` summed over the ``calls``, each call's whole buffer as nccl-tests counts it."""
+    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    world = math.prod(layout.values()) if layout else 1
+    layers = config.n_layer // layout.get("pp", 1)
+    bsh = FP32 * (batch_size // dp) * config.seq_len * config.d_model
+    out = [("the loss's global mean", "all_reduce", FP32, world, 1)]
+    if "dp" in layout:
+        out.append(("DDP's gradient buckets", "all_reduce", states["grads"], layout["dp"],
+                    -(-states["grads"] // DDP_BUCKET_BYTES)))
+    if "dp_shard" in layout:  # per unit (every block and the root): gather twice, scatter once
+        full, p = states["params"] * layout["dp_shard"], layout["dp_shard"]
+        out += [("FSDP2's parameter all-gathers", "all_gather", 2 * full, p, 2 * (layers + 1)),
+                ("FSDP2's gradient reduce-scatters", "reduce_scatter", full, p, layers + 1)]
+    if "tp" in layout:  # attention and MLP outputs forward, their input gradients backward
+        out.append(("TP's block all-reduces", "all_reduce", 4 * layers * bsh, layout["tp"],
+                    4 * layers))
+    if "pp" in layout:
+        out.append(("PP's activation and its gradient", "send", 2 * bsh, 2, 2))
+    return out
+
+
+def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
+                       calls: int = 1) -> float:
+    """Chapter 05's α-β time of ``calls`` collectives moving ``n_bytes`` in all among ``p``
+    ranks: a ring all-reduce ``2(p-1)α + 2(p-1)/p·nβ`` per call, half of it for an all-gather
+    or a reduce-scatter, ``α + nβ`` for a point-to-point send."""
+    if p < 2:
+        return 0.0
+    ring = calls * ring_allreduce_time(n_bytes / calls, p, link.alpha, link.beta)
+    if collective == "all_reduce":
+        return ring
+    if collective in ("all_gather", "reduce_scatter"):
+        return ring / 2
+    return calls * link.alpha + n_bytes * link.beta
+
+
+def predict_step_time(config: GPTConfig, layout: dict[str, int], batch_size: int,
+                      flops: float, states: dict, matmul_peak: float,
+                      link: AlphaBeta | None) -> dict[str, float]:
+    """``compute_s`` + ``comm_s`` = ``step_s`` for one rank, before it runs: ``flops`` of the
+    step on the global batch, ``matmul_peak`` (FLOP/s of one rank), ``link`` (α, β; ``None``:
+    one process, no communication)."""
+    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    stage = flops / (dp * tp * pp) / matmul_peak
+    compute = stage / (1 - bubble_formula(pp, 1))  # one micro-batch: the stages take turns
+    comm = 0.0 if link is None else sum(collective_seconds(link, c, n, p, k)
+                                        for _, c, n, p, k in comm_per_step(config, layout,
+                                                                           batch_size, states))
+    return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
