@@ -2,7 +2,7 @@
 
 matplotlib sizes a text that names no size (tick labels, axis labels, legends) from rcParams, at
 10 pt by default: under the course's 11-pt floor (``display.FONT_MIN``, 9 CSS pt at DPI 80). The
-figure is drawn once inside ``display.STYLE`` so that its tick labels exist at the floor's size
+figure is drawn once under ``display.STYLE`` so that its tick labels exist at the floor's size
 before the notebook draws it again outside; lines that name no colour take the course's palette.
 """
 from __future__ import annotations
@@ -26,8 +26,13 @@ def legible(draw: Callable[..., "Figure"]) -> Callable[..., "Figure"]:
         import matplotlib.pyplot as plt
         from cycler import cycler
 
-        with plt.rc_context({**STYLE, "axes.prop_cycle": cycler(color=PALETTE)}):
+        style = {**STYLE, "axes.prop_cycle": cycler(color=PALETTE)}
+        saved = {key: plt.rcParams[key] for key in style}
+        plt.rcParams.update(style)   # not rc_context: it would also undo what the first figure
+        try:                         # of a kernel sets (the inline backend's interactive mode)
             fig = draw(*args, **kwargs)
             fig.draw_without_rendering()  # tick labels are made now, at the style's sizes
+        finally:
+            plt.rcParams.update(saved)
         return fig
     return drawn

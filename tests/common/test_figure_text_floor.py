@@ -32,6 +32,7 @@ from course_lib.pipeline_parallel.show import plot_pipeline_gantt, plot_stash  #
 from course_lib.pipeline_parallel.trace import StageTrace  # noqa: E402
 from course_lib.sharding.show import plot_comm, plot_ranks, plot_strategies  # noqa: E402
 from course_lib.tensor_parallel.show import plot_tp_bytes  # noqa: E402
+from course_lib.display import FONT_MIN  # noqa: E402
 from figure_checks import too_small  # noqa: E402
 
 MIB = 2**20
@@ -117,3 +118,23 @@ def test_no_text_below_the_floor(name):
     small = too_small(fig)
     plt.close(fig)
     assert not small, f"{name}: {small[:5]}"
+
+
+def test_the_style_is_undone_and_nothing_else():
+    """The wrapper restores its own keys only: a setting the function (or a backend activated
+    by its first figure) changes stays, as the inline backend's interactive mode must."""
+    from course_lib.common.plots import legible
+
+    @legible
+    def draw():
+        matplotlib.rcParams["lines.linewidth"] = 7.0   # what a first figure's backend may set
+        assert matplotlib.rcParams["font.size"] == FONT_MIN
+        return plt.figure()
+
+    before = matplotlib.rcParams["font.size"], matplotlib.rcParams["lines.linewidth"]
+    try:
+        plt.close(draw())
+        assert matplotlib.rcParams["font.size"] == before[0]
+        assert matplotlib.rcParams["lines.linewidth"] == 7.0
+    finally:
+        matplotlib.rcParams["lines.linewidth"] = before[1]
