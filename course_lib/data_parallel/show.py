@@ -54,9 +54,13 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
     if not demos:
         raise ValueError("nothing to draw: pass the demos of show_collectives (the barrier "
                          "moves no data)")
-    fig, axes = plt.subplots(1, len(demos), figsize=(2.6 * len(demos), 2.8), dpi=DPI,
+    cols = min(len(demos), 2)   # two panels a row: at 11 pt a two-digit value needs the width
+    rows = -(-len(demos) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, 0.3 + 2.5 * rows), dpi=DPI,
                              squeeze=False)
-    for ax, demo in zip(axes[0], demos):
+    for ax in axes.flat[len(demos):]:
+        ax.axis("off")
+    for ax, demo in zip(axes.flat, demos):
         width_before = max(len(b) for b in demo.before) * 0.5
         x_after = width_before + 1.2
         for rank in range(demo.world):
