@@ -22,6 +22,10 @@ __all__ = ["plot_timeline", "timeline_rows"]
 #: Compute kinds take the palette's colours but vermillion, which the first comm kind takes.
 COMPUTE_COLORS = tuple(PALETTE[i] for i in (0, 1, 2, 3, 4, 6))
 COMM_COLORS = (PALETTE[5], GREY, PALETTE[7])
+#: Kinds every chapter names alike keep one colour: forward blue, backward orange (the pipeline
+#: Gantt's), the optimizer step and a weight-gradient step green.
+KIND_COLORS = {"forward": PALETTE[0], "F": PALETTE[0], "backward": PALETTE[1], "B": PALETTE[1],
+               "step": PALETTE[2], "W": PALETTE[2]}
 
 
 def _kind(name: str) -> str:
@@ -50,6 +54,7 @@ def plot_timeline(spans: Iterable[Span], title: str = "What every rank did",
     compute_kinds = sorted({_kind(s.name) for s in spans if s.lane != "comm"})
     comm_kinds = sorted({_kind(s.name) for s in spans if s.lane == "comm"})
     palette = {k: COMPUTE_COLORS[i % len(COMPUTE_COLORS)] for i, k in enumerate(compute_kinds)}
+    palette.update({k: c for k, c in KIND_COLORS.items() if k in palette})
     palette.update({k: COMM_COLORS[i % len(COMM_COLORS)] for i, k in enumerate(comm_kinds)})
     palette.update(colors or {})
     height = max(FIGSIZE[1], 0.45 * len(rows) + 1.2)
