@@ -126,7 +126,8 @@ def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed 
             ax.bar(i, value, 0.6, bottom=bottom, color=colour, label=kind if i == 0 else None)
             bottom += value
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), fontsize=FONT_MIN)
+    ax.legend(handles, list(colours), fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              frameon=False)   # beside the bars: inside, it covered the first one
     ax.set_xticks(range(len(comm)), list(comm))
     ax.set_ylabel(unit)
     ax.set_title(title, fontsize=FONT_MIN + 1)
