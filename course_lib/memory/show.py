@@ -147,7 +147,7 @@ def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
         ax.text(x + 0.3, -y, f"{parts} = {total:.2f} B/param", va="center", fontsize=FONT_MIN)
         widest = max(widest, x)
     ax.set_yticks([-y for y in range(len(rows))], [label for label, _ in rows], fontsize=FONT_MIN)
-    ax.set_xlim(-0.2, widest + 9.5)
+    ax.set_xlim(-0.2, widest + 13.5)  # room for the sum at 11 pt
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xlabel("bytes per parameter (one square = 1 byte, measured)", fontsize=FONT_MIN + 1)
     ax.set_xticks([])
