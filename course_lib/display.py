@@ -7,24 +7,44 @@ from __future__ import annotations
 
 from typing import Mapping
 
-__all__ = ["FIGSIZE", "DPI", "COLORS", "RANK_COLORS", "SUM_COLOR", "FONT_MIN", "side_by_side",
+__all__ = ["FIGSIZE", "DPI", "PALETTE", "OKABE_ITO", "COLORS", "RANK_COLORS", "SUM_COLOR", "GREY",
+           "PALE", "FONT_MIN", "MIN_PT", "STYLE", "WIDGET_STYLE", "ink", "side_by_side",
            "show_source"]
 
 FIGSIZE = (7.0, 3.5)
 DPI = 80
-#: One colour per memory category, the same in every chapter's figures.
+#: The one palette: Okabe & Ito's eight colours, safe for the common colour-vision deficiencies.
+#: Ranks (rank r: ``PALETTE[r % 8]``), chunks, groups and kinds of work take them in this order.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+           "#000000")
+OKABE_ITO = RANK_COLORS = PALETTE   # the names chapters used before there was one palette
+#: Neutral: what is no rank's and no category's (bubbles, frozen weights, "other").
+GREY = "#999999"
+#: One colour per memory category, the same in every chapter's figures (taken from PALETTE).
 COLORS: Mapping[str, str] = {
-    "params": "#4c72b0", "buffers": "#8172b3", "grads": "#dd8452", "optimizer": "#55a868",
-    "activations": "#c44e52", "temporaries": "#937860", "inputs": "#8c8c8c",
+    "params": PALETTE[0], "grads": PALETTE[1], "optimizer": PALETTE[2], "buffers": PALETTE[3],
+    "temporaries": PALETTE[4], "activations": PALETTE[5], "inputs": GREY,
 }
-#: One colour per rank (rank r: ``RANK_COLORS[r % len(RANK_COLORS)]``), the conceptual figures'.
-RANK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
-               "#8c8c8c")
+#: An empty slot: a pipeline bubble, a byte range a rank does not hold.
+PALE = "#e6e6e6"
 #: A value summed over all ranks (chapter 2's collectives draw sums in it too).
-SUM_COLOR = "#bbbbbb"
-#: Smallest font size (pt) in a figure: at DPI 80, 9 pt is 10 px where the PNG is shown 1:1.
-FONT_MIN = 9
+SUM_COLOR = "#cccccc"
+#: The smallest text in any figure, in matplotlib points: at DPI 80, 11 pt is 12 px, which is
+#: 9 CSS pt where the PNG is shown at its own size (JupyterLab and the web edition do, up to
+#: the page's width). ``MIN_PT`` is its older name.
+FONT_MIN = MIN_PT = 11
+#: The matplotlib rcParams every figure function draws under (``common.plots.legible``): text
+#: that names no size (tick labels, axis labels, legends) starts at the floor, not at 10 pt.
+STYLE: Mapping[str, object] = {"font.size": FONT_MIN, "legend.title_fontsize": FONT_MIN}
+#: Every ipywidget's ``style``: a label gets the width it needs instead of wrapping mid-word in
+#: the default 80-px column ("activation|s").
+WIDGET_STYLE: Mapping[str, str] = {"description_width": "initial"}
 
+
+def ink(colour: str) -> str:
+    """Black or white, whichever reads better on ``colour`` (a ``#rrggbb`` string)."""
+    r, g, b = (int(colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")):
     """Two objects' source code (read with ``inspect``, never copied) in two HTML columns.
@@ -64,10 +84,3 @@ def show_source(*objects: object, open: bool = False):
                      f" ({html.escape(where)}, {len(lines)} lines)</summary>"
                      f"<pre style='font-size:0.85em'>{html.escape(''.join(lines))}</pre></details>")
     return HTML("".join(parts))
-#: Okabe & Ito's eight colours (safe for the common colour-vision deficiencies): ranks, chunks,
-#: groups and actions in the conceptual figures (chapters 05-09), in this order.
-OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
-             "#000000")
-#: Smallest text in a conceptual figure: 11 pt at DPI 80 is 12 px, 9 CSS pt when the PNG is
-#: shown at its own size (JupyterLab does, up to the notebook's width).
-MIN_PT = 11

@@ -1,7 +1,8 @@
 """Chapter 12's tables, figure and widget: predicted next to measured, curves that coincide."""
 from __future__ import annotations
 
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, WIDGET_STYLE
+from course_lib.common.plots import legible
 
 __all__ = ["format_side_by_side", "format_speed", "step_verdict", "curve_gap", "format_curves",
            "plot_curves", "train_widget", "STEP_RATIO_SEEN"]
@@ -74,6 +75,7 @@ def format_curves(reference: dict, results: list[dict], tolerance: float = 1e-4)
     return "\n".join(lines)
 
 
+@legible
 def plot_curves(reference: dict, results: list[dict], steps: int | None = None):
     """Training loss per step (lines) and validation loss (markers) of ``reference`` and each
     run, over their first ``steps`` steps."""
@@ -84,14 +86,14 @@ def plot_curves(reference: dict, results: list[dict], steps: int | None = None):
     styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 2))]
     for i, r in enumerate([reference, *results]):
         n = min(steps, len(r["losses"]))
-        ax.plot(range(1, n + 1), r["losses"][:n], linestyle=styles[i % len(styles)],
-                label=f"{_name(r['layout'])} (train)")
+        line, = ax.plot(range(1, n + 1), r["losses"][:n], linestyle=styles[i % len(styles)],
+                        label=f"{_name(r['layout'])} (train)")
         val = [(s, v) for s, v in r["val_losses"] if s <= steps]
-        ax.plot(*zip(*val), "o", markersize=7 - i, fillstyle="none")
+        ax.plot(*zip(*val), "o", markersize=7 - i, fillstyle="none", color=line.get_color())
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per byte)")
-    ax.set_title("train (lines) and validation (circles) loss: every layout on one curve")
-    ax.legend(fontsize=8)
+    ax.set_title("train (lines) and validation (circles) loss:\nevery layout on one curve")
+    ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
@@ -119,7 +121,9 @@ def train_widget():
             print(f"loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}")
 
     return widgets.interactive(
-        show, layout=widgets.Dropdown(options=list(names), value="dp_shard 2 × tp 2"),
-        preset=widgets.Dropdown(options=["tiny", "small"], value="tiny"),
-        steps=widgets.IntSlider(value=10, min=2, max=50), train=widgets.Checkbox(value=False))
+        show, layout=widgets.Dropdown(options=list(names), value="dp_shard 2 × tp 2",
+                                      style=WIDGET_STYLE),
+        preset=widgets.Dropdown(options=["tiny", "small"], value="tiny", style=WIDGET_STYLE),
+        steps=widgets.IntSlider(value=10, min=2, max=50,
+                                style=WIDGET_STYLE), train=widgets.Checkbox(value=False, style=WIDGET_STYLE))
 

@@ -14,13 +14,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from course_lib.common.timeline import LANES, Span, lane_slots, merge
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, GREY, PALETTE
+from course_lib.common.plots import legible
 
 __all__ = ["plot_timeline", "timeline_rows"]
 
-PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#ccb974",
-           "#64b5cd")
-COMM_PALETTE = ("#c44e52", "#8c8c8c", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+#: Compute kinds take the palette's colours but vermillion, which the first comm kind takes.
+COMPUTE_COLORS = tuple(PALETTE[i] for i in (0, 1, 2, 3, 4, 6))
+COMM_COLORS = (PALETTE[5], GREY, PALETTE[7])
+#: Kinds every chapter names alike keep one colour: forward blue, backward orange (the pipeline
+#: Gantt's), the optimizer step and a weight-gradient step green.
+KIND_COLORS = {"forward": PALETTE[0], "F": PALETTE[0], "backward": PALETTE[1], "B": PALETTE[1],
+               "step": PALETTE[2], "W": PALETTE[2]}
 
 
 def _kind(name: str) -> str:
@@ -34,6 +39,7 @@ def timeline_rows(spans: Iterable[Span]) -> list[tuple[int, str]]:
     return rows
 
 
+@legible
 def plot_timeline(spans: Iterable[Span], title: str = "What every rank did",
                   colors: Mapping[str, str] | None = None) -> Figure:
     """Draw ``spans`` (any ranks, already merged or not); returns the figure. The y labels
@@ -47,8 +53,9 @@ def plot_timeline(spans: Iterable[Span], title: str = "What every rank did",
              for row in rows}
     compute_kinds = sorted({_kind(s.name) for s in spans if s.lane != "comm"})
     comm_kinds = sorted({_kind(s.name) for s in spans if s.lane == "comm"})
-    palette = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(compute_kinds)}
-    palette.update({k: COMM_PALETTE[i % len(COMM_PALETTE)] for i, k in enumerate(comm_kinds)})
+    palette = {k: COMPUTE_COLORS[i % len(COMPUTE_COLORS)] for i, k in enumerate(compute_kinds)}
+    palette.update({k: c for k, c in KIND_COLORS.items() if k in palette})
+    palette.update({k: COMM_COLORS[i % len(COMM_COLORS)] for i, k in enumerate(comm_kinds)})
     palette.update(colors or {})
     height = max(FIGSIZE[1], 0.45 * len(rows) + 1.2)
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], height), dpi=DPI)
@@ -65,8 +72,8 @@ def plot_timeline(spans: Iterable[Span], title: str = "What every rank did",
             ax.axhline(y_of[rows[k]] + 0.5, color="black", linewidth=0.6)
     ax.set_xlabel("time since the first event (ms)")
     ax.set_xlim(left=0)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=FONT_MIN + 1)
     ax.legend(handles=[Patch(color=palette[k], label=k) for k in compute_kinds + comm_kinds],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+              fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig

@@ -4,8 +4,10 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, PALETTE, WIDGET_STYLE
+from course_lib.common.plots import legible
 
 
 def format_hooks(rows: Sequence[Mapping], timed: Mapping[float, Sequence[Mapping]]) -> str:
@@ -22,12 +24,14 @@ def format_hooks(rows: Sequence[Mapping], timed: Mapping[float, Sequence[Mapping
     return "\n".join(lines)
 
 
+@legible
 def plot_hooks(rows: Sequence[Mapping], timed: Mapping[float, Sequence[Mapping]]):
     """Left: bytes per step, measured on the sockets; right: step time over each link rate."""
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
     names = [r["hook"] for r in rows]
-    left.barh(names, [r["sent"] / 1e3 for r in rows], color="#4c72b0")
+    left.barh(names, [r["sent"] / 1e3 for r in rows], color=PALETTE[0])
     left.set_xscale("log")
+    left.xaxis.set_minor_formatter(NullFormatter())  # 2×10¹, 3×10¹ … collide at 11 pt
     left.set_xlabel("kB a rank sends per step (measured)")
     for rate in sorted(timed):
         step = {t["hook"]: t["step_s"] for t in timed[rate]}
@@ -61,4 +65,4 @@ def local_sgd_widget():
         print(format_local_sgd(compare_local_sgd((H,), steps=48)))
 
     return widgets.interactive(show, H=widgets.IntSlider(value=4, min=1, max=24,
-                                                         description="H"))
+                                                         description="H", style=WIDGET_STYLE))

@@ -17,7 +17,8 @@ from course_lib.communication.benchmark import CollectiveResult
 from course_lib.communication.link_sweep import LinkRow
 from course_lib.communication.scaling import ScalingRow
 from course_lib.communication.whatif import LINKS, STRATEGIES, whatif_table
-from course_lib.display import DPI, FIGSIZE, MIN_PT, OKABE_ITO
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, GREY, PALETTE, WIDGET_STYLE, ink
+from course_lib.common.plots import legible
 
 __all__ = ["plot_busbw", "plot_fit", "plot_scaling", "plot_link_sweep", "whatif_widget",
            "plot_ring_steps", "plot_alpha_beta"]
@@ -25,6 +26,7 @@ __all__ = ["plot_busbw", "plot_fit", "plot_scaling", "plot_link_sweep", "whatif_
 _SIZE = dict(figsize=FIGSIZE, dpi=DPI)
 
 
+@legible
 def plot_busbw(rows: Sequence[CollectiveResult], ceiling_gbps: float | None = None) -> Figure:
     """busbw (GB/s) against message size, one line per collective and world size."""
     fig, ax = plt.subplots(**_SIZE)
@@ -33,14 +35,15 @@ def plot_busbw(rows: Sequence[CollectiveResult], ceiling_gbps: float | None = No
         ax.plot([r.size_bytes for r in pts], [r.busbw for r in pts], "o-",
                 label=f"{key[0]} ({key[1]} ranks)")
     if ceiling_gbps is not None:
-        ax.axhline(ceiling_gbps, color="grey", ls="--", label="memory copy, 1 process")
+        ax.axhline(ceiling_gbps, color=GREY, ls="--", label="memory copy, 1 process")
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
            title="Collectives on this machine")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_fit(rows: Sequence[CollectiveResult], fits: Mapping[int, AlphaBeta]) -> Figure:
     """Measured all-reduce times (dots) and the fitted α-β model (lines), per world size."""
     fig, ax = plt.subplots(**_SIZE)
@@ -53,11 +56,12 @@ def plot_fit(rows: Sequence[CollectiveResult], fits: Mapping[int, AlphaBeta]) ->
                 color=line.get_color(), label=f"fit: {fit}")
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)",
            ylabel="all-reduce time (ms)", title="T = 2(p-1)α + 2(p-1)/p·n·β")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_scaling(rows: Sequence[ScalingRow]) -> Figure:
     """Left: strong-scaling step time split into compute and exposed communication.
     Right: efficiency against ranks for strong and weak scaling (1.0 = ideal)."""
@@ -68,13 +72,14 @@ def plot_scaling(rows: Sequence[ScalingRow]) -> Figure:
     left.bar(labels, [r.comm_s * 1e3 for r in strong],
              bottom=[r.compute_s * 1e3 for r in strong], label="exposed comm")
     left.set(xlabel="ranks", ylabel="step (ms)", title="strong scaling")
-    left.legend(fontsize=7)
+    below = dict(fontsize=FONT_MIN, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    left.legend(**below)  # under the panel: inside, it hid the bars
     for mode in ("strong", "weak"):
         pts = [r for r in rows if r.mode == mode]
         right.plot([r.world for r in pts], [r.efficiency for r in pts], "o-", label=mode)
-    right.axhline(1.0, color="grey", ls="--", label="ideal")
+    right.axhline(1.0, color=GREY, ls="--", label="ideal")
     right.set(xlabel="ranks", ylabel="efficiency", title="efficiency", ylim=(0, None))
-    right.legend(fontsize=7)
+    right.legend(**below, ncol=3)
     fig.tight_layout()
     return fig
 
@@ -84,12 +89,14 @@ def whatif_widget(params_b: float = 7.0, strategy: str = "ddp", link: str = "NVL
     import ipywidgets as widgets
 
     size = widgets.FloatLogSlider(value=params_b, base=10, min=-1, max=3, step=0.05,
-                                  description="params (B)")
-    strat = widgets.Dropdown(options=sorted(STRATEGIES), value=strategy, description="strategy")
-    net = widgets.Dropdown(options=list(LINKS), value=link, description="link")
-    overlap = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.05, description="overlap")
+                                  description="params (B)", style=WIDGET_STYLE)
+    strat = widgets.Dropdown(options=sorted(STRATEGIES), value=strategy, description="strategy",
+                             style=WIDGET_STYLE)
+    net = widgets.Dropdown(options=list(LINKS), value=link, description="link", style=WIDGET_STYLE)
+    overlap = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.05, description="overlap",
+                                  style=WIDGET_STYLE)
     tokens = widgets.IntSlider(value=8 * 2048, min=512, max=65536, step=512,
-                               description="tokens/GPU")
+                               description="tokens/GPU", style=WIDGET_STYLE)
     out = widgets.HTML()
 
     def update(_: object = None) -> None:
@@ -102,9 +109,10 @@ def whatif_widget(params_b: float = 7.0, strategy: str = "ddp", link: str = "NVL
     update()
     return widgets.VBox([widgets.HBox([size, strat, net]), widgets.HBox([overlap, tokens]), out])
 
-_COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange"}
+_COLORS = {"ddp": PALETTE[0], "fsdp": PALETTE[1]}
 
 
+@legible
 def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
     """Bars: measured step (ms) per link and strategy; black ticks: the α-β prediction.
 
@@ -113,14 +121,14 @@ def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
     links = list(dict.fromkeys(r.link for r in rows))
     strategies = list(dict.fromkeys(r.strategy for r in rows))
     width = 0.8 / len(strategies)
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=80)
+    fig, ax = plt.subplots(**_SIZE)
     for k, strategy in enumerate(strategies):
         for i, link in enumerate(links):
             row = next((r for r in rows if r.link == link and r.strategy == strategy), None)
             if row is None:
                 continue
             x = i + (k - (len(strategies) - 1) / 2) * width
-            ax.bar(x, row.step_s * 1e3, width * 0.9, color=_COLORS.get(strategy, "grey"),
+            ax.bar(x, row.step_s * 1e3, width * 0.9, color=_COLORS.get(strategy, GREY),
                    label=strategy.upper() if i == 0 else None)
             ax.plot([x - width * 0.45, x + width * 0.45], [row.predicted_s * 1e3] * 2, "k-",
                     lw=2, label="α-β prediction" if (i, k) == (0, 0) else None)
@@ -132,16 +140,17 @@ def plot_link_sweep(rows: Sequence[LinkRow], title: str = "") -> Figure:
                     f"({fsdp.sent_bytes / ddp.sent_bytes:.1f}x the bytes)",
                     (len(links) - 1, max(ddp.step_s, fsdp.step_s, fsdp.predicted_s) * 1e3),
                     xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=8)
-    ax.set_xticks(range(len(links)), links, fontsize=8)
+                    fontsize=FONT_MIN)
+    ax.set_xticks(range(len(links)), links, fontsize=FONT_MIN)
     ax.set_ylabel("training step (ms)")
     ax.margins(y=0.25)
-    ax.set_title(title or "One training step, two nodes, one link", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title or "One training step, two nodes, one link", fontsize=FONT_MIN)
+    ax.legend(fontsize=FONT_MIN, loc="upper left")
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_ring_steps(messages: Sequence[Mapping]) -> Figure:
     """One row per rank, one column per step: the chunk the rank sent to its right neighbour
     (colour = chunk) and whose values it carried; the header names the phase the data shows
@@ -151,12 +160,12 @@ def plot_ring_steps(messages: Sequence[Mapping]) -> Figure:
     fig, ax = plt.subplots(figsize=(7.0, 1.0 + 0.55 * world), dpi=DPI)
     for m in messages:
         x, y = m["step"] - 1, m["src"]
-        colour = OKABE_ITO[(m["chunk"] or 0) % len(OKABE_ITO)]
+        colour = PALETTE[(m["chunk"] or 0) % len(PALETTE)]
         ax.add_patch(plt.Rectangle((x + 0.04, y + 0.06), 0.92, 0.88, color=colour, alpha=0.8))
         held = "all" if len(m["ranks"]) == world else "+".join(map(str, m["ranks"]))
         ax.text(x + 0.5, y + 0.5, f"c{m['chunk']} → r{m['dst']}\n{held}", ha="center",
-                va="center", fontsize=MIN_PT, linespacing=1.1,
-                color="white" if (m["chunk"] or 0) % 8 in (0, 5, 7) else "black")
+                va="center", fontsize=FONT_MIN, linespacing=1.1,
+                color=ink(colour))
     phases: list[list] = []                 # [name, first step, last step]
     for step in range(1, steps + 1):
         full = all(len(m["ranks"]) == world for m in messages if m["step"] == step)
@@ -168,20 +177,21 @@ def plot_ring_steps(messages: Sequence[Mapping]) -> Figure:
     for name, first, last in phases:
         ax.plot([first - 0.96, last - 0.04], [-0.1, -0.1], color="dimgrey", lw=1.5)
         ax.text((first + last) / 2 - 0.5, -0.16, f"{name} ({last - first + 1})", ha="center",
-                va="bottom", fontsize=MIN_PT, color="dimgrey")
+                va="bottom", fontsize=FONT_MIN, color="dimgrey")
     ax.set(xlim=(0, steps), ylim=(world, -0.6))
     ax.set_xticks([s - 0.5 for s in range(1, steps + 1)], [str(s) for s in range(1, steps + 1)],
-                  fontsize=MIN_PT)
+                  fontsize=FONT_MIN)
     ax.set_yticks([r + 0.5 for r in range(world)], [f"rank {r}" for r in range(world)],
-                  fontsize=MIN_PT)
+                  fontsize=FONT_MIN)
     ax.set_xlabel(f"step (2(p-1) = {steps} on p = {world} ranks); cell: chunk → receiver, "
-                  "and whose values it carries", fontsize=MIN_PT)
+                  "and whose values it carries", fontsize=FONT_MIN)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_alpha_beta(fits: Mapping[int, AlphaBeta], sizes: Sequence[float] | None = None) -> Figure:
     """The fitted model split into its two terms, per world size: latency 2(p-1)α (flat) and
     bandwidth 2(p-1)/p·n·β (rising); they cross at n = p·α/β, the size where a message stops
@@ -189,7 +199,7 @@ def plot_alpha_beta(fits: Mapping[int, AlphaBeta], sizes: Sequence[float] | None
     sizes = list(sizes or [2.0 ** k for k in range(8, 29)])
     fig, ax = plt.subplots(figsize=(7.0, 3.6), dpi=DPI)
     for k, (world, fit) in enumerate(sorted(fits.items())):
-        colour = OKABE_ITO[k % len(OKABE_ITO)]
+        colour = PALETTE[k % len(PALETTE)]
         latency = [2 * (world - 1) * fit.alpha * 1e3] * len(sizes)
         bandwidth = [2 * (world - 1) / world * n * fit.beta * 1e3 for n in sizes]
         ax.plot(sizes, latency, "--", color=colour, label=f"p={world}: 2(p-1)α")
@@ -201,14 +211,14 @@ def plot_alpha_beta(fits: Mapping[int, AlphaBeta], sizes: Sequence[float] | None
             ax.axvline(cross, color=colour, lw=1, alpha=0.6)
             ax.annotate(f"p={world}: {cross / 1e6:.2g} MB", (cross, 0.02 + 0.09 * k),
                         xycoords=("data", "axes fraction"), xytext=(4, 0),
-                        textcoords="offset points", fontsize=MIN_PT, color=colour)
+                        textcoords="offset points", fontsize=FONT_MIN, color=colour)
     lowest = min(2 * (w - 1) * f.alpha * 1e3 for w, f in fits.items() if w > 1)
     ax.set(xscale="log", yscale="log", ylim=(lowest / 10, None))
-    ax.set_xlabel("message size n (bytes); vertical line: n = p·α/β", fontsize=MIN_PT)
-    ax.set_ylabel("all-reduce time (ms)", fontsize=MIN_PT)
-    ax.tick_params(labelsize=MIN_PT)
-    ax.set_title("left of the line latency-bound, right of it bandwidth-bound", fontsize=MIN_PT)
-    ax.legend(fontsize=MIN_PT, ncol=1, loc="center left", bbox_to_anchor=(1.0, 0.5),
+    ax.set_xlabel("message size n (bytes); vertical line: n = p·α/β", fontsize=FONT_MIN)
+    ax.set_ylabel("all-reduce time (ms)", fontsize=FONT_MIN)
+    ax.tick_params(labelsize=FONT_MIN)
+    ax.set_title("left of the line latency-bound, right of it bandwidth-bound", fontsize=FONT_MIN)
+    ax.legend(fontsize=FONT_MIN, ncol=1, loc="center left", bbox_to_anchor=(1.0, 0.5),
               frameon=False)
     fig.tight_layout()
     return fig

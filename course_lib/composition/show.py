@@ -16,13 +16,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from course_lib.composition.scale import SCALE_PRESETS, at_scale
-from course_lib.display import DPI, MIN_PT, OKABE_ITO
+from course_lib.display import DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE, ink
+from course_lib.common.plots import legible
 
 __all__ = ["layout_widget", "layout_line", "plot_mesh", "plot_schedule_order", "bytes_summary"]
 
 _ACTION = re.compile(r"(\d+)([A-Z_]+)(\d*)")
-_KINDS = {"F": ("forward", OKABE_ITO[0]), "B": ("backward (full)", OKABE_ITO[5]),
-          "I": ("backward, input grad", OKABE_ITO[1]), "W": ("backward, weight grad", OKABE_ITO[2])}
+_KINDS = {"F": ("forward", PALETTE[0]), "B": ("backward (full)", PALETTE[5]),
+          "I": ("backward, input grad", PALETTE[1]), "W": ("backward, weight grad", PALETTE[2])}
 
 
 def _cell(coordinate: Sequence[int], shape: Sequence[int]) -> tuple[float, int]:
@@ -34,6 +35,7 @@ def _cell(coordinate: Sequence[int], shape: Sequence[int]) -> tuple[float, int]:
     return coordinate[0] * (shape[2] + 0.6) + coordinate[2], coordinate[1]
 
 
+@legible
 def plot_mesh(ranks: Sequence[Mapping]) -> Figure:
     """One panel per mesh dimension: every rank at its mesh coordinate, coloured by the process
     group it joins along that dimension (the group's ranks as ``dist.get_process_group_ranks``
@@ -50,24 +52,25 @@ def plot_mesh(ranks: Sequence[Mapping]) -> Figure:
         for r in ranks:
             x, y = cells[r["rank"]]
             group = groups.index(tuple(r["dims"][name]["group_ranks"]))
-            ax.add_patch(Rectangle((x, -y), 0.9, 0.9, color=OKABE_ITO[group % len(OKABE_ITO)],
+            ax.add_patch(Rectangle((x, -y), 0.9, 0.9, color=PALETTE[group % len(PALETTE)],
                                    alpha=0.85))
             ax.text(x + 0.45, -y + 0.45, str(r["rank"]), ha="center", va="center",
-                    fontsize=MIN_PT + 1, color="white" if group % 8 in (0, 5, 7) else "black")
+                    fontsize=FONT_MIN + 1, color=ink(PALETTE[group % len(PALETTE)]))
         ax.set(xlim=(-0.1, width), ylim=(-rows + 0.9, 1.0), aspect="equal", xticks=[], yticks=[])
-        ax.set_title(f"{name}: {len(groups)} × {len(groups[0])} ranks", fontsize=MIN_PT)
+        ax.set_title(f"{name}: {len(groups)} × {len(groups[0])} ranks", fontsize=FONT_MIN)
         for side in ax.spines.values():
             side.set_visible(False)
     dims = " × ".join(f"{n} {s}" for n, s in zip(names, shape))
-    fig.suptitle(f"DeviceMesh {dims}: same colour = one process group", fontsize=MIN_PT)
+    fig.suptitle(f"DeviceMesh {dims}: same colour = one process group", fontsize=FONT_MIN)
     place = (f"left to right: {names[0]}" if len(names) == 1 else
              f"rows: {names[0]}, columns: {names[1]}" if len(names) == 2 else
              f"blocks: {names[0]}, rows: {names[1]}, columns: {names[2]}")
-    fig.supxlabel(place, fontsize=MIN_PT)
+    fig.supxlabel(place, fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_schedule_order(orders: Mapping[str, Mapping[int, Sequence]]) -> Figure:
     """One panel per schedule, one row per rank, one column per time step of torch's plan:
     the action's kind as colour, its micro-batch as the number, paler = the rank's later stage."""
@@ -86,19 +89,19 @@ def plot_schedule_order(orders: Mapping[str, Mapping[int, Sequence]]) -> Figure:
                 later = stage >= p
                 ax.add_patch(Rectangle((t, -rank), 0.95, 0.85, facecolor=_KINDS[kind][1],
                                        alpha=0.45 if later else 1.0, lw=0))
-                ax.text(t + 0.47, -rank + 0.42, micro, ha="center", va="center", fontsize=MIN_PT,
+                ax.text(t + 0.47, -rank + 0.42, micro, ha="center", va="center", fontsize=FONT_MIN,
                         color="white" if kind in "FB" and not later else "black")
         steps = max(len(a) for a in order.values())
         ax.set(xlim=(0, steps), ylim=(-p + 0.9, 0.95), yticks=[-r + 0.42 for r in range(p)],
                xlabel="time step of the plan" if ax is axes[-1, 0] else None)
-        ax.set_yticklabels([f"rank {r}" for r in range(p)], fontsize=MIN_PT)
-        ax.tick_params(axis="x", labelsize=MIN_PT)
+        ax.set_yticklabels([f"rank {r}" for r in range(p)], fontsize=FONT_MIN)
+        ax.tick_params(axis="x", labelsize=FONT_MIN)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"{name}: {steps} steps, {sum(a is None for o in order.values() for a in o)}"
-                     " idle slots", fontsize=MIN_PT)
+                     " idle slots", fontsize=FONT_MIN)
     handles = [Patch(color=_KINDS[k][1], label=_KINDS[k][0]) for k in _KINDS if k in kinds]
-    handles.append(Patch(facecolor="grey", alpha=0.45, label="paler: the rank's later stage"))
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=MIN_PT, frameon=False)
+    handles.append(Patch(facecolor=GREY, alpha=0.45, label="paler: the rank's later stage"))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=FONT_MIN, frameon=False)
     fig.tight_layout(rect=(0, 0.07 + 0.05 * (len(handles) > 3), 1, 1))
     return fig
 
@@ -160,7 +163,8 @@ def layout_widget():
                f" model's depth and width)", name) for name in SCALE_PRESETS]
     return widgets.interactive(
         show, model=widgets.Dropdown(options=labels, value="405B",
-                                     layout=widgets.Layout(width="max-content")),
-        tp=widgets.Dropdown(options=[1, 2, 4, 8], value=8),
-        pp=widgets.Dropdown(options=[1, 2, 4, 8, 16], value=16),
-        dp_shard=widgets.Dropdown(options=[1, 8, 16, 64, 128], value=128))
+                                     layout=widgets.Layout(width="max-content"),
+style=WIDGET_STYLE),
+        tp=widgets.Dropdown(options=[1, 2, 4, 8], value=8, style=WIDGET_STYLE),
+        pp=widgets.Dropdown(options=[1, 2, 4, 8, 16], value=16, style=WIDGET_STYLE),
+        dp_shard=widgets.Dropdown(options=[1, 8, 16, 64, 128], value=128, style=WIDGET_STYLE))

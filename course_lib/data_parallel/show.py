@@ -13,8 +13,9 @@ from matplotlib.figure import Figure
 from course_lib.common.models import get_config
 from course_lib.data_parallel.collectives import CollectiveDemo
 from course_lib.data_parallel.ddp_internals import WIDGET_PRESETS, dp_explorer, fits_per_world
-from course_lib.display import COLORS, DPI, FONT_MIN, RANK_COLORS, SUM_COLOR
+from course_lib.display import COLORS, DPI, FONT_MIN, PALETTE, SUM_COLOR, WIDGET_STYLE, ink
 from course_lib.memory.report import format_bytes
+from course_lib.common.plots import legible
 
 __all__ = ["plot_collectives", "plot_buckets", "plot_gradient_buckets", "plot_dp_run", "plot_memory_vs_world",
            "format_fits", "show_dp_explorer", "dp_widget"]
@@ -35,13 +36,14 @@ def _row(ax, x0: float, y: float, values: Sequence[float], colors: Sequence[str]
     for i, (v, c) in enumerate(zip(values, colors)):
         ax.add_patch(plt.Rectangle((x0 + i * 0.5, y - 0.35), 0.5, 0.7, color=c, ec="white"))
         ax.text(x0 + i * 0.5 + 0.25, y, f"{v:g}", ha="center", va="center", fontsize=FONT_MIN,
-                color="white" if c != SUM_COLOR else "black")
+                color=ink(c))
 
 
 def _origin(value: float) -> str:
-    return RANK_COLORS[int(value) // 10 % len(RANK_COLORS)]
+    return PALETTE[int(value) // 10 % len(PALETTE)]
 
 
+@legible
 def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
     """One panel per collective: each rank's tensor before (left) and after (right).
 
@@ -52,9 +54,13 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
     if not demos:
         raise ValueError("nothing to draw: pass the demos of show_collectives (the barrier "
                          "moves no data)")
-    fig, axes = plt.subplots(1, len(demos), figsize=(2.6 * len(demos), 2.8), dpi=DPI,
+    cols = min(len(demos), 2)   # two panels a row: at 11 pt a two-digit value needs the width
+    rows = -(-len(demos) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, 0.3 + 2.5 * rows), dpi=DPI,
                              squeeze=False)
-    for ax, demo in zip(axes[0], demos):
+    for ax in axes.flat[len(demos):]:
+        ax.axis("off")
+    for ax, demo in zip(axes.flat, demos):
         width_before = max(len(b) for b in demo.before) * 0.5
         x_after = width_before + 1.2
         for rank in range(demo.world):
@@ -67,19 +73,20 @@ def plot_collectives(demos: Sequence[CollectiveDemo]) -> Figure:
         for src, dst in _arrows(demo):
             ax.annotate("", xy=(x_after - 0.05, demo.world - 1 - dst),
                         xytext=(width_before + 0.05, demo.world - 1 - src),
-                        arrowprops={"arrowstyle": "->", "color": RANK_COLORS[src], "lw": 0.7,
+                        arrowprops={"arrowstyle": "->", "color": PALETTE[src], "lw": 0.7,
                                     "alpha": 0.6})
         width_after = max(len(a) for a in demo.after) * 0.5
         ax.set_xlim(-0.6, x_after + width_after + 0.1)
         ax.set_ylim(-0.6, demo.world - 0.4)
-        ax.set_title(demo.name, fontsize=9)
+        ax.set_title(demo.name, fontsize=FONT_MIN)
         ax.axis("off")
     fig.suptitle("before → after on each rank (colour: rank the value came from; grey: a sum)",
-                 fontsize=9)
+                 fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_buckets(report, title: str = "DDP buckets during backward (rank 0)") -> Figure:
     """Each bucket's all-reduce as a bar from "ready" to "done", against backward's duration."""
     n = len(report.buckets)
@@ -99,6 +106,7 @@ def plot_buckets(report, title: str = "DDP buckets during backward (rank 0)") ->
     return fig
 
 
+@legible
 def plot_gradient_buckets(comparison, title: str | None = None) -> Figure:
     """The buckets of a DDP-by-hand run, on every rank: which gradients travel together, when.
 
@@ -146,6 +154,7 @@ def plot_gradient_buckets(comparison, title: str | None = None) -> Figure:
     return fig
 
 
+@legible
 def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
                 budget_bytes: float | None = None) -> Figure:
     """Three panels for one measured DDP run: memory per rank, step time, bytes sent per rank."""
@@ -158,7 +167,7 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
                 bottom=[r.model_states / mib for r in reports], color=COLORS["activations"],
                 label="rest of peak")
     if budget_bytes:
-        axes[0].axhline(budget_bytes / mib, color="red", ls="--", lw=1, label="device budget")
+        axes[0].axhline(budget_bytes / mib, color=PALETTE[7], ls=":", lw=1.5, label="device budget")
     axes[0].set_title("peak memory per rank (MiB)", fontsize=FONT_MIN + 1)
     below = dict(fontsize=FONT_MIN, loc="upper center", bbox_to_anchor=(0.5, -0.22),
                  frameon=False)
@@ -180,6 +189,7 @@ def plot_dp_run(reports: Sequence, expected_sent: float | None = None,
     return fig
 
 
+@legible
 def plot_memory_vs_world(per_world: dict[int, dict[str, int]],
                          title: str = "Per-rank memory under DDP (measured)") -> Figure:
     """Stacked model states per rank for each world size: ``{world: {category: bytes}}``."""
@@ -193,7 +203,7 @@ def plot_memory_vs_world(per_world: dict[int, dict[str, int]],
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("MiB per rank")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=FONT_MIN + 1)
     ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
@@ -234,7 +244,7 @@ def dp_widget():
     """Sliders over :func:`show_dp_explorer`; each change is a real run (about a second)."""
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
+    style = WIDGET_STYLE
     return w.interactive(
         show_dp_explorer,
         world=w.IntSlider(value=2, min=1, max=8, description="GPUs (ranks)", style=style,

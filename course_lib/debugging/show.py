@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from course_lib.display import DPI, FIGSIZE, RANK_COLORS
+from course_lib.display import DPI, FIGSIZE, PALETTE, WIDGET_STYLE
+from course_lib.common.plots import legible
 
 __all__ = ["format_drift", "plot_step_times", "drift_widget"]
 
@@ -18,6 +19,7 @@ def format_drift(cause: str, seen: list) -> str:
     return "\n".join(lines)
 
 
+@legible
 def plot_step_times(rows: list, slow_rank: int | None = None):
     """Compute and whole-step time per rank per step: the straggler's own time is compute."""
     fig, axes = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI, sharey=True)
@@ -25,7 +27,7 @@ def plot_step_times(rows: list, slow_rank: int | None = None):
     for ax, k, title in ((axes[0], 0, "compute (forward + backward)"),
                          (axes[1], 1, "whole step (with the all-reduce)")):
         for r in range(n):
-            ax.plot([row[k][r] * 1e3 for row in rows], marker="o", color=RANK_COLORS[r % len(RANK_COLORS)],
+            ax.plot([row[k][r] * 1e3 for row in rows], marker="o", color=PALETTE[r % len(PALETTE)],
                     label=f"rank {r}" + (" (slowed)" if r == slow_rank else ""))
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -47,5 +49,6 @@ def drift_widget():
         print(format_drift(cause, drift_run(cause, steps=steps)))
 
     return widgets.interactive(
-        show, cause=widgets.Dropdown(options=list(CAUSES), value="buffer", description="cause"),
-        steps=widgets.IntSlider(value=2, min=1, max=5, description="steps"))
+        show, cause=widgets.Dropdown(options=list(CAUSES), value="buffer", description="cause",
+                                     style=WIDGET_STYLE),
+        steps=widgets.IntSlider(value=2, min=1, max=5, description="steps", style=WIDGET_STYLE))

@@ -15,6 +15,7 @@ from course_lib.deepspeed.census import (CATEGORIES, deepspeed_estimate, largest
                                          predict_deepspeed)
 from course_lib.memory.predict import bytes_per_param
 from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, param_shapes
+from course_lib.common.plots import legible
 
 __all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget",
            "precision_rows", "precision_table", "plot_stage_holdings"]
@@ -182,6 +183,8 @@ def deepspeed_widget(result: dict, measure: Callable[[int], dict] | None = None)
     """
     import ipywidgets as widgets
 
+    from course_lib.display import WIDGET_STYLE
+
     first = result["ranks"][0]["world_size"]
     cache = {first: result}
 
@@ -193,10 +196,13 @@ def deepspeed_widget(result: dict, measure: Callable[[int], dict] | None = None)
             cache[world] = measure(world)
         print(stage_breakdown(cache[world], stage))
 
-    return widgets.interactive(show, stage=widgets.Dropdown(options=[0, 1, 2, 3], value=2),
-                               world=widgets.Dropdown(options=sorted({first, 2, 4}), value=first))
+    return widgets.interactive(show, stage=widgets.Dropdown(options=[0, 1, 2, 3], value=2,
+                                                            style=WIDGET_STYLE),
+                               world=widgets.Dropdown(options=sorted({first, 2, 4}), value=first,
+                                                      style=WIDGET_STYLE))
 
 
+@legible
 def plot_stage_holdings(result: dict, moment: str = "after_backward"):
     """One panel per ZeRO stage, one stacked bar per rank: the bytes the census found in that
     rank's engine, per category, at ``moment`` (``"after_backward"`` or ``"after_step"``).
@@ -205,8 +211,8 @@ def plot_stage_holdings(result: dict, moment: str = "after_backward"):
     partitioned. matplotlib is imported on call (this module's tables are used without it)."""
     import matplotlib.pyplot as plt
 
-    from course_lib.display import COLORS, DPI, MIN_PT, OKABE_ITO
-    colours = {**COLORS, "master": OKABE_ITO[4], "buckets": OKABE_ITO[6], "other": "#8c8c8c"}
+    from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE
+    colours = {**COLORS, "master": PALETTE[4], "buckets": PALETTE[6], "other": GREY}
     ranks = result["ranks"]
     world = ranks[0]["world_size"]
     stages = sorted(k for k in ranks[0] if isinstance(k, int))
@@ -227,11 +233,11 @@ def plot_stage_holdings(result: dict, moment: str = "after_backward"):
             everything = (ranks[0][0][moment] or {}).get("model_states", 0) / 1e6 / world
             ax.axhline(everything, color="black", ls=":", lw=1.5,
                        label="stage 0 ÷ N" if stage == stages[0] else None)
-        ax.set_title(f"stage {stage}", fontsize=MIN_PT)
-        ax.set_xticks(range(world), [f"r{r}" for r in range(world)], fontsize=MIN_PT)
-        ax.tick_params(axis="y", labelsize=MIN_PT)
-    axes[0, 0].set_ylabel("model states (MB)", fontsize=MIN_PT)
-    fig.supxlabel(f"rank (N = {world}), bytes {moment.replace('_', ' ')}", fontsize=MIN_PT)
-    fig.legend(loc="upper center", ncol=4, fontsize=MIN_PT, frameon=False)
+        ax.set_title(f"stage {stage}", fontsize=FONT_MIN)
+        ax.set_xticks(range(world), [f"r{r}" for r in range(world)], fontsize=FONT_MIN)
+        ax.tick_params(axis="y", labelsize=FONT_MIN)
+    axes[0, 0].set_ylabel("model states (MB)", fontsize=FONT_MIN)
+    fig.supxlabel(f"rank (N = {world}), bytes {moment.replace('_', ' ')}", fontsize=FONT_MIN)
+    fig.legend(loc="upper center", ncol=4, fontsize=FONT_MIN, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.82))
     return fig

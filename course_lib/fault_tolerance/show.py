@@ -13,11 +13,12 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from course_lib.display import DPI, FIGSIZE, MIN_PT, OKABE_ITO
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
 from course_lib.fault_tolerance.file_events import classify
 
 from course_lib.fault_tolerance.interval import (expected_waste, interval_summary, simulate_waste,
                                                  young_daly_interval)
+from course_lib.common.plots import legible
 
 __all__ = ["plot_checkpoint_cost", "plot_waste", "format_interval", "show_interval",
            "interval_widget", "plot_commit_timeline"]
@@ -31,6 +32,7 @@ def _secs(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
+@legible
 def plot_checkpoint_cost(rows: Sequence[Mapping]) -> Figure:
     """Measured save and load milliseconds against checkpoint megabytes (one dot per model)."""
     fig, ax = plt.subplots(**_SIZE)
@@ -44,11 +46,12 @@ def plot_checkpoint_cost(rows: Sequence[Mapping]) -> Figure:
     ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_waste(cost_s: float, mtbf_s: float, restart_s: float = 0.0, simulate: bool = True,
                seed: int = 0) -> Figure:
     """Lost-time fraction against interval: first-order formula (line), simulated job (dots)."""
@@ -62,10 +65,10 @@ def plot_waste(cost_s: float, mtbf_s: float, restart_s: float = 0.0, simulate: b
         sims = [100 * simulate_waste(t, cost_s, mtbf_s, restart_s, work_s=300 * mtbf_s, seed=seed)
                 for t in pts]
         ax.plot([t / 60 for t in pts], sims, "o", label="simulated job (random failures)")
-    ax.axvline(best / 60, color="grey", ls="--", label=f"√(2CM) = {best / 60:.1f} min")
+    ax.axvline(best / 60, color=GREY, ls="--", label=f"√(2CM) = {best / 60:.1f} min")
     ax.set(xscale="log", xlabel="checkpoint interval τ (minutes of work)", ylabel="time lost (%)",
            title=f"C = {_secs(cost_s)}, M = {mtbf_s / 3600:.2f} h, R = {_secs(restart_s)}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
@@ -99,7 +102,7 @@ def interval_widget():
     """Inputs for cluster size, per-GPU failure rate, checkpoint and restart cost."""
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
+    style = WIDGET_STYLE
     return w.interactive(
         show_interval,
         n_gpus=w.IntText(value=16384, description="GPUs", style=style),
@@ -113,11 +116,12 @@ def interval_widget():
 
 
 #: kind -> (matplotlib marker, colour, size)
-_EVENT_STYLE = {"tmp dir": ("s", "#999999", 60), "shard": ("o", OKABE_ITO[0], 70),
-                "metadata": ("D", OKABE_ITO[1], 60), "marker": ("^", OKABE_ITO[2], 90),
-                "commit rename": ("*", OKABE_ITO[3], 220), "crash": ("X", OKABE_ITO[5], 200)}
+_EVENT_STYLE = {"tmp dir": ("s", GREY, 60), "shard": ("o", PALETTE[0], 70),
+                "metadata": ("D", PALETTE[1], 60), "marker": ("^", PALETTE[2], 90),
+                "commit rename": ("*", PALETTE[3], 220), "crash": ("X", PALETTE[5], 200)}
 
 
+@legible
 def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
     """One panel per save (``step_N``), one row per rank, x = the order of the file operations
     of the commit protocol in time (they can be microseconds apart), as recorded inside the
@@ -149,17 +153,17 @@ def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
         committed = any(kind == "commit rename" for _, kind in items)
         ms = (items[-1][0]["t"] - items[0][0]["t"]) * 1e3
         ax.set_title(f"{save}, {ms:.0f} ms\n{'committed' if committed else 'NOT committed'}",
-                     fontsize=MIN_PT, color="black" if committed else OKABE_ITO[5])
-        ax.set_xlabel("n-th file operation", fontsize=MIN_PT)
+                     fontsize=FONT_MIN, color="black" if committed else PALETTE[5])
+        ax.set_xlabel("n-th file operation", fontsize=FONT_MIN)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.tick_params(labelsize=MIN_PT)
+        ax.tick_params(labelsize=FONT_MIN)
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.15)
-    axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=MIN_PT)
+    axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=FONT_MIN)
     axes[0, 0].set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     order = [k for k in _EVENT_STYLE if k in seen]
     handles, labels = zip(*sorted(((h, l) for a in axes[0] for h, l in zip(*a.get_legend_handles_labels())),
                                   key=lambda hl: order.index(hl[1])))
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=MIN_PT, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=FONT_MIN, frameon=False)
     fig.tight_layout(rect=(0, 0.2, 1, 1))
     return fig

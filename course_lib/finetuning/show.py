@@ -19,12 +19,13 @@ from IPython.display import display
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from course_lib.display import COLORS, DPI, MIN_PT, OKABE_ITO
+from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
 from course_lib.finetuning.planner import plan
+from course_lib.common.plots import legible
 
 __all__ = ["planner_widget", "plot_lora", "plot_finetune_memory"]
 
-_FROZEN, _TRAINABLE = "#999999", OKABE_ITO[2]
+_FROZEN, _TRAINABLE = GREY, PALETTE[2]
 
 
 def _lora_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -53,6 +54,7 @@ def _lora_counts(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
+@legible
 def plot_lora(model: torch.nn.Module) -> Figure:
     """Left: the first LoRA layer, W (frozen) and A, B (trainable) drawn to scale (width = in
     features, height = out or r). Right: frozen and trainable parameters per wrapped target."""
@@ -75,13 +77,13 @@ def plot_lora(model: torch.nn.Module) -> Figure:
         tensor = layer.base.weight if label == "W" else getattr(layer, label)
         tx, ty, ha, va = where[label]
         left.text(tx, ty, f"{label}\n{tensor.shape[0]}×{tensor.shape[1]}", ha=ha, va=va,
-                  fontsize=MIN_PT)
+                  fontsize=FONT_MIN)
     left.add_patch(FancyArrowPatch((2 * in_f + gap, out_f - r / 2), (2 * in_f + 2 * gap, out_f - r / 2),
                                    arrowstyle="->", mutation_scale=12))
     left.set(xlim=(-0.05 * in_f, 2.6 * in_f + 2 * gap + r), ylim=(-0.3 * out_f, 1.05 * out_f),
              aspect="equal", xticks=[], yticks=[])
-    left.set_title(f"one layer to scale, r = {r}", fontsize=MIN_PT)
-    left.set_xlabel(f"{len(layers)} LoRA layers in the model", fontsize=MIN_PT)
+    left.set_title(f"one layer to scale, r = {r}", fontsize=FONT_MIN)
+    left.set_xlabel(f"{len(layers)} LoRA layers in the model", fontsize=FONT_MIN)
     for side in left.spines.values():
         side.set_visible(False)
     counts = _lora_counts(model)
@@ -90,22 +92,23 @@ def plot_lora(model: torch.nn.Module) -> Figure:
         values = [counts[n][k] for n in names]
         bars = right.barh([i + (k - 0.5) * 0.4 for i in range(len(names))], values, 0.4,
                           color=colour, label=label)
-        right.bar_label(bars, [f"{v:,}" for v in values], fontsize=MIN_PT, padding=2)
-    right.set_yticks(range(len(names)), names, fontsize=MIN_PT)
+        right.bar_label(bars, [f"{v:,}" for v in values], fontsize=FONT_MIN, padding=2)
+    right.set_yticks(range(len(names)), names, fontsize=FONT_MIN)
     right.invert_yaxis()
     right.set_xscale("log")
     right.set_xlim(right=right.get_xlim()[1] * 30)
-    right.set_xlabel("parameters (log scale)", fontsize=MIN_PT)
+    right.set_xlabel("parameters (log scale)", fontsize=FONT_MIN)
     trainable = sum(t for _, t in counts.values())
     total = sum(f + t for f, t in counts.values())
     right.set_title(f"trainable {trainable:,} of {total:,} ({100 * trainable / total:.1f} %)",
-                    fontsize=MIN_PT)
-    right.legend(fontsize=MIN_PT, loc="lower right")
-    right.tick_params(axis="x", labelsize=MIN_PT)
+                    fontsize=FONT_MIN)
+    right.legend(fontsize=FONT_MIN, loc="lower right")
+    right.tick_params(axis="x", labelsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_finetune_memory(reports: Mapping[str, Mapping]) -> Figure:
     """One stacked bar per method: its measured bytes per category (MB); the marker is its peak."""
     categories = ("params", "buffers", "grads", "optimizer", "activations")
@@ -120,10 +123,10 @@ def plot_finetune_memory(reports: Mapping[str, Mapping]) -> Figure:
     ax.hlines([reports[m]["peak"] / 1e6 for m in methods], [i - 0.38 for i in range(len(methods))],
               [i + 0.38 for i in range(len(methods))], colors="black", lw=2.5,
               label="peak (measured)")
-    ax.set_ylabel("bytes measured (MB)", fontsize=MIN_PT)
-    ax.set_xlabel("fine-tuning method", fontsize=MIN_PT)
-    ax.tick_params(labelsize=MIN_PT)
-    ax.legend(fontsize=MIN_PT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    ax.set_ylabel("bytes measured (MB)", fontsize=FONT_MIN)
+    ax.set_xlabel("fine-tuning method", fontsize=FONT_MIN)
+    ax.tick_params(labelsize=FONT_MIN)
+    ax.legend(fontsize=FONT_MIN, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -137,13 +140,18 @@ def planner_widget(model: str = "tiny", gpu_memory_gb: float = 80, n_gpus: int =
     press "Plan" to measure (fake tensors) and print the table. ``cache``: measurements to reuse
     (e.g. the dict an earlier :func:`~course_lib.finetuning.planner.plan` call filled)."""
     cache = {} if cache is None else cache
-    w_model = widgets.Dropdown(options=_MODELS, value=model, description="model")
-    w_mem = widgets.Dropdown(options=[16, 24, 40, 48, 80, 141], value=gpu_memory_gb, description="GPU GB")
-    w_gpus = widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=n_gpus, description="GPUs")
+    w_model = widgets.Dropdown(options=_MODELS, value=model, description="model",
+                               style=WIDGET_STYLE)
+    w_mem = widgets.Dropdown(options=[16, 24, 40, 48, 80, 141], value=gpu_memory_gb, description="GPU GB",
+                             style=WIDGET_STYLE)
+    w_gpus = widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=n_gpus, description="GPUs",
+                              style=WIDGET_STYLE)
     w_seq = widgets.Dropdown(options=[64, 128, 256, 512, 1024, 2048, 4096, 8192], value=seq_len,
-                             description="seq len")
-    w_mb = widgets.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch")
-    w_r = widgets.Dropdown(options=[4, 8, 16, 64], value=r, description="LoRA r")
+                             description="seq len", style=WIDGET_STYLE)
+    w_mb = widgets.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch",
+                            style=WIDGET_STYLE)
+    w_r = widgets.Dropdown(options=[4, 8, 16, 64], value=r, description="LoRA r",
+                           style=WIDGET_STYLE)
     button = widgets.Button(description="Plan", button_style="primary")
     out = widgets.Output()
 

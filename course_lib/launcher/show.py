@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
-from course_lib.display import DPI, FONT_MIN, RANK_COLORS, SUM_COLOR
+from course_lib.display import DPI, FONT_MIN, PALETTE, SUM_COLOR, ink
+from course_lib.common.plots import legible
 
 __all__ = ["plot_all_reduce"]
 
@@ -21,9 +22,10 @@ def _box(ax, x: float, y: float, text: str, color: str, gid: str) -> None:
     ax.add_patch(FancyBboxPatch((x - 0.9, y - 0.32), 1.8, 0.64, boxstyle="round,pad=0.02",
                                 fc=color, ec="black", lw=0.6, gid=gid))
     ax.text(x, y, text, ha="center", va="center", fontsize=FONT_MIN + 1,
-            color="black" if color == SUM_COLOR else "white")
+            color=ink(color))
 
 
+@legible
 def plot_all_reduce(results: Sequence[tuple[float, float]], op: str = "SUM") -> Figure:
     """``results[r] = (before, after)``: what rank ``r`` held before and after ``all_reduce``.
 
@@ -41,7 +43,7 @@ def plot_all_reduce(results: Sequence[tuple[float, float]], op: str = "SUM") -> 
     ax.text(4.0, mid, f"all_reduce\n({op})", ha="center", va="center", fontsize=FONT_MIN + 1)
     for rank, (before, after) in enumerate(results):
         y = n - 1 - rank
-        color = RANK_COLORS[rank % len(RANK_COLORS)]
+        color = PALETTE[rank % len(PALETTE)]
         _box(ax, 1.0, y, f"rank {rank}: {before:g}", color, f"before-{rank}")
         _box(ax, 7.0, y, f"rank {rank}: {after:g}", SUM_COLOR, f"after-{rank}")
         arrow = {"arrowstyle": "->", "color": color, "lw": 1.0}

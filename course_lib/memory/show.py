@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from course_lib.common.models import PRESETS, RECOMPUTE, get_config
-from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN
+from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN, GREY, WIDGET_STYLE
 from course_lib.memory import predict
 from course_lib.memory.report import MemoryReport, format_bytes
 from course_lib.memory.tracker import measure_inference, measure_step
+from course_lib.common.plots import legible
 
 __all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_scaling",
            "plot_recompute", "plot_bytes_per_param", "memory_explorer", "inference_explorer", "training_vs_inference",
@@ -45,6 +46,7 @@ def _stacked(ax, labels: Sequence[str], rows: Sequence[Mapping[str, int]], scale
         bottoms = [b + h for b, h in zip(bottoms, heights)]
 
 
+@legible
 def plot_stacked(moments: Mapping[str, Mapping[str, int]], title: str = "What is alive") -> Figure:
     """One stacked bar per named moment ``{category: bytes}`` (e.g. each report's peak breakdown).
 
@@ -57,11 +59,12 @@ def plot_stacked(moments: Mapping[str, Mapping[str, int]], title: str = "What is
     _stacked(ax, labels, rows, scale)
     ax.set_ylabel(unit)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_measured_vs_predicted(measured: Mapping[str, int], predicted: Mapping[str, int],
                                keys: Sequence[str] = ("params", "grads", "optimizer", "activations", "peak"),
                                title: str = "Measured vs predicted") -> Figure:
@@ -69,18 +72,19 @@ def plot_measured_vs_predicted(measured: Mapping[str, int], predicted: Mapping[s
     unit, scale = _unit(max(max(measured[k], predicted[k]) for k in keys))
     xs = range(len(keys))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    colors = [COLORS.get(k, "#333333") for k in keys]
+    colors = [COLORS.get(k, GREY) for k in keys]
     ax.bar([x - 0.2 for x in xs], [measured[k] / scale for k in keys], 0.4, color=colors, label="measured")
     ax.bar([x + 0.2 for x in xs], [predicted[k] / scale for k in keys], 0.4, color="white",
            edgecolor=colors, hatch="//", label="predicted")
     ax.set_xticks(list(xs), list(keys))
     ax.set_ylabel(unit)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_timeline(report, title: str = "Memory through two training steps") -> Figure:
     """Stacked bars of every category after each phase of :func:`measure_step`, then the peak."""
     labels = [name.replace(" ", "\n") for name, _ in report.timeline] + ["peak"]
@@ -90,12 +94,13 @@ def plot_timeline(report, title: str = "Memory through two training steps") -> F
     _stacked(ax, labels, rows, scale)
     ax.set_ylabel(unit)
     ax.set_title(title)
-    ax.tick_params(axis="x", labelsize=8)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", labelsize=FONT_MIN)
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
                  title: str = "Activation memory: measured (dots) vs predicted (lines)") -> Figure:
     """One panel per entry of ``series``: ``x-axis label -> (xs, measured bytes, predicted bytes)``.
@@ -109,12 +114,13 @@ def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Se
         ax.plot(xs, [m / scale for m in measured], "o", color="black", label="measured")
         ax.set_xlabel(textwrap.fill(name, 20))  # long labels on two lines: no overlap
     axes[0][0].set_ylabel(unit)
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    axes[0][0].legend(fontsize=FONT_MIN)
+    fig.suptitle(title, fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
                          keys: Sequence[str] = ("params", "grads", "optimizer")) -> Figure:
     """One row of squares per measured report: one square per byte per parameter, per category.
@@ -141,7 +147,7 @@ def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
         ax.text(x + 0.3, -y, f"{parts} = {total:.2f} B/param", va="center", fontsize=FONT_MIN)
         widest = max(widest, x)
     ax.set_yticks([-y for y in range(len(rows))], [label for label, _ in rows], fontsize=FONT_MIN)
-    ax.set_xlim(-0.2, widest + 9.5)
+    ax.set_xlim(-0.2, widest + 13.5)  # room for the sum at 11 pt
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xlabel("bytes per parameter (one square = 1 byte, measured)", fontsize=FONT_MIN + 1)
     ax.set_xticks([])
@@ -157,6 +163,7 @@ def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
 _INTERACTIVE = ("tiny", "small", "medium")
 
 
+@legible
 def plot_recompute(config, rows: Sequence[Mapping], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                    seq_len: int = 64, precision: str = "fp32") -> Figure:
     """Recompute instead of store: activations (left) and peak (right) over the batch size, one
@@ -179,7 +186,7 @@ def plot_recompute(config, rows: Sequence[Mapping], batch_sizes: Sequence[int] =
                        edgecolor="black", zorder=3)
         ax.set_xlabel(f"batch size (seq_len {seq_len})")
         ax.set_ylabel(f"{key} ({unit}); dots measured")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
@@ -233,7 +240,7 @@ def memory_widget():
     """Dropdowns over :func:`show_memory_explorer`; each change runs a measurement."""
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
+    style = WIDGET_STYLE
     return w.interactive(
         show_memory_explorer,
         preset=w.Dropdown(options=[p for p in PRESETS if p in _INTERACTIVE], value="tiny", style=style),

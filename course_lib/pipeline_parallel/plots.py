@@ -15,12 +15,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from course_lib.common.checks import positive_int
-from course_lib.display import DPI, FONT_MIN
+from course_lib.display import DPI, FONT_MIN, PALE, PALETTE
 from course_lib.pipeline_parallel.schedules import schedule_ops
+from course_lib.common.plots import legible
 
 __all__ = ["ideal_timeline", "plot_schedule"]
 
-_F, _B, _IDLE = "#4c72b0", "#dd8452", "#e6e6e6"   # the measured Gantt chart's colours
+_F, _B, _IDLE = PALETTE[0], PALETTE[1], PALE   # the measured Gantt chart's colours
 
 
 def ideal_timeline(schedule: str = "1f1b", p: int = 4, m: int = 8, ops: Callable = schedule_ops,
@@ -67,6 +68,7 @@ def ideal_timeline(schedule: str = "1f1b", p: int = 4, m: int = 8, ops: Callable
             "schedule": schedule, "p": p, "m": m}
 
 
+@legible
 def plot_schedule(schedule: str = "1f1b", p: int = 4, m: int = 8, ops: Callable = schedule_ops,
                   forward_cost: float = 1.0, backward_cost: float = 2.0) -> Figure:
     """One row per stage: the operations of ``ops(schedule, p, m, rank)`` on an ideal machine

@@ -14,10 +14,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from course_lib.common.models import GPTConfig
-from course_lib.display import DPI, FIGSIZE
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, PALE, PALETTE, WIDGET_STYLE
 from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, PipelineReport, measure_pipeline,
                                                   ready_times)
 from course_lib.pipeline_parallel.schedules import SCHEDULES
+from course_lib.common.plots import legible
 
 __all__ = ["pipeline_explorer", "pipeline_widget", "plot_pipeline_gantt", "plot_stash"]
 
@@ -39,9 +40,10 @@ def pipeline_widget():
     import ipywidgets as w
     from IPython.display import display
 
-    p = w.Dropdown(options=[1, 2, 4], value=2, description="stages p")
-    m = w.IntSlider(value=4, min=1, max=12, description="micro-batches m")
-    schedule = w.ToggleButtons(options=list(SCHEDULES), value="gpipe", description="schedule")
+    p = w.Dropdown(options=[1, 2, 4], value=2, description="stages p", style=WIDGET_STYLE)
+    m = w.IntSlider(value=4, min=1, max=12, description="micro-batches m", style=WIDGET_STYLE)
+    schedule = w.ToggleButtons(options=list(SCHEDULES), value="gpipe", description="schedule",
+                               style=WIDGET_STYLE)
     out = w.Output()
 
     def show(_=None) -> None:
@@ -58,9 +60,10 @@ def pipeline_widget():
     return w.VBox([w.HBox([p, schedule]), m, out])
 
 
-_F, _B, _IDLE, _XFER = "#4c72b0", "#dd8452", "#e6e6e6", "#c44e52"
+_F, _B, _IDLE, _XFER = PALETTE[0], PALETTE[1], PALE, PALETTE[5]
 
 
+@legible
 def plot_pipeline_gantt(report, title: str | None = None) -> Figure:
     """One row per rank: forward (blue) and backward (orange) bars labelled with the
     micro-batch, transfer (red: the input was sent but had not arrived) on grey bubble (nothing
@@ -79,21 +82,22 @@ def plot_pipeline_gantt(report, title: str | None = None) -> Figure:
             ax.barh(y, (end - start) * 1e3, left=start * 1e3, height=0.8,
                     color=_F if kind == "F" else _B, edgecolor="white", linewidth=0.5)
             if (end - start) * 1e3 > span_ms / 60:
-                ax.text((start + end) * 500, y, str(i), ha="center", va="center", fontsize=7,
+                ax.text((start + end) * 500, y, str(i), ha="center", va="center", fontsize=FONT_MIN,
                         color="white")
     ax.set_yticks(range(report.p), [f"rank {r}" for r in range(report.p)])
     ax.invert_yaxis()
     ax.set_xlabel("time since the first operation (ms)")
     ax.set_xlim(0, span_ms)
     ax.set_title(title or f"{report.schedule}, p={report.p}, m={report.m}: bubble measured "
-                 f"{report.bubble:.2f}, formula {report.formula:.2f}", fontsize=10)
+                 f"{report.bubble:.2f}, formula {report.formula:.2f}", fontsize=FONT_MIN + 1)
     ax.legend(handles=[Patch(color=_F, label="forward"), Patch(color=_B, label="backward"),
                        Patch(color=_XFER, label="transfer"), Patch(color=_IDLE, label="bubble")],
-              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+              fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_stash(reports: Mapping[str, object]) -> Figure:
     """Peak stashed activations per rank (MiB, measured), one group of bars per schedule."""
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
@@ -103,14 +107,15 @@ def plot_stash(reports: Mapping[str, object]) -> Figure:
         traces = reports[name].traces
         xs = [t.rank + (k - (len(names) - 1) / 2) * width for t in traces]
         bars = ax.bar(xs, [t.stash_peak_bytes / 2**20 for t in traces], width, label=name,
-                      color=(_F, _B, "#55a868")[k % 3])
+                      color=(_F, _B, PALETTE[2])[k % 3])
         for bar, t in zip(bars, traces):
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{t.stash_peak_count} mb",
-                    ha="center", va="bottom", fontsize=7)
+                    ha="center", va="bottom", fontsize=FONT_MIN)
     ranks = range(len(reports[names[0]].traces))
     ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
     ax.set_ylabel("MiB stashed at peak")
-    ax.set_title("Activations held for backward (labels: micro-batches at peak)", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.margins(y=0.15)  # room for the bar labels under the title
+    ax.set_title("Activations held for backward (labels: micro-batches at peak)", fontsize=FONT_MIN + 1)
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig

@@ -12,8 +12,9 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from course_lib.display import COLORS, DPI, FONT_MIN
+from course_lib.display import COLORS, DPI, FONT_MIN, PALE
 from course_lib.memory.report import format_bytes
+from course_lib.common.plots import legible
 
 __all__ = ["plot_zero_holdings", "plot_fsdp_gather_free", "STAGE_TITLES"]
 
@@ -29,7 +30,7 @@ def _stage_panel(ax, stage: int, ranks: Sequence[Mapping]) -> None:
         top = -rank
         for j, cat in enumerate(_CATS):
             y = top - j * _STRIPE
-            ax.add_patch(plt.Rectangle((0, y - _STRIPE * 0.45), 1, _STRIPE * 0.9, fc="#eeeeee",
+            ax.add_patch(plt.Rectangle((0, y - _STRIPE * 0.45), 1, _STRIPE * 0.9, fc=PALE,
                                        ec="none"))
             for a, b in held["held"][cat]:
                 ax.add_patch(plt.Rectangle((a / psi, y - _STRIPE * 0.45), (b - a) / psi,
@@ -50,6 +51,7 @@ def _stage_panel(ax, stage: int, ranks: Sequence[Mapping]) -> None:
         ax.spines[side].set_visible(False)
 
 
+@legible
 def plot_zero_holdings(holdings: Mapping[int, Sequence[Mapping]]) -> Figure:
     """``{stage: [rank 0's holdings, ...]}``: which parameters' bytes each rank holds, per stage.
 
@@ -79,6 +81,7 @@ def plot_zero_holdings(holdings: Mapping[int, Sequence[Mapping]]) -> Figure:
     return fig
 
 
+@legible
 def plot_fsdp_gather_free(holding: Mapping, title: str | None = None) -> Figure:
     """One rank's ZeRO-3 step (``zero_holdings(...)[3][rank]``): when each unit's full
     parameters exist, in the order of its events, and the full-parameter bytes after each."""

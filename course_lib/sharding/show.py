@@ -17,19 +17,20 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from course_lib.common.models import get_config, param_count
-from course_lib.display import COLORS, DPI, FIGSIZE
+from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN, PALETTE, WIDGET_STYLE
 from course_lib.memory.report import MemoryReport, format_bytes
 from course_lib.sharding.formulas import (NAMES_IN_THE_WILD, comm_bytes, param_shapes,
                                           per_rank_bytes)
 from course_lib.sharding.measure import measure_distributed
 from course_lib.sharding.strategies import DIST_PRECISIONS, STRATEGIES
+from course_lib.common.plots import legible
 
 __all__ = ["PARTS", "plot_ranks", "plot_strategies", "plot_comm", "format_memory_vs_world",
            "sharding_explorer", "show_sharding_explorer", "sharding_widget", "per_rank_table",
            "load_fake_7b", "fit_table", "names_markdown", "FAKE_7B_PATH"]
 
 #: What the bars stack, bottom to top, with colours.
-PARTS = {"params": COLORS["params"], "unsharded_params": "#8da0cb", "grads": COLORS["grads"],
+PARTS = {"params": COLORS["params"], "unsharded_params": PALETTE[4], "grads": COLORS["grads"],
          "optimizer": COLORS["optimizer"]}
 _MIB = 2**20
 
@@ -61,9 +62,11 @@ def _legend(ax, moment: str) -> None:
              and not (p == "grads" and moment == "fwd")]
     handles = [plt.Rectangle((0, 0), 1, 1, color=PARTS[p]) for p in shown]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="k", hatch="//"))
-    ax.legend(handles, shown + ["formula"], fontsize=7, loc="upper right")
+    ax.legend(handles, shown + ["formula"], fontsize=FONT_MIN, ncol=2, loc="upper center",  # below
+              bbox_to_anchor=(0.5, -0.12), frameon=False, handlelength=1.2, columnspacing=0.8)
 
 
+@legible
 def plot_ranks(reports: Sequence[Mapping[str, int]], formula: Sequence[Mapping[str, int]],
                title: str, moment: str = "steady") -> Figure:
     """One strategy: each rank's model states, measured (solid) beside the formula (hatched).
@@ -79,12 +82,13 @@ def plot_ranks(reports: Sequence[Mapping[str, int]], formula: Sequence[Mapping[s
         _bar(ax, rank + 0.2, predicted, scale, 0.38, True, moment)
     ax.set_xticks(range(len(reports)), [f"rank {r}" for r in range(len(reports))])
     ax.set_ylabel(unit)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=FONT_MIN + 1)
     _legend(ax, moment)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_strategies(results: Mapping[str, Sequence[Mapping[str, int]]],
                     formulas: Mapping[str, Sequence[Mapping[str, int]]], rank: int = 0,
                     title: str = "Model states of one rank") -> Figure:
@@ -100,17 +104,18 @@ def plot_strategies(results: Mapping[str, Sequence[Mapping[str, int]]],
             _bar(ax, i - 0.2, results[name][rank], scale, 0.38, False, moment)
             _bar(ax, i + 0.2, formulas[name][rank], scale, 0.38, True, moment)
         ax.set_xticks(range(len(names)), names)
-        ax.set_title(f"{title}: {label}", fontsize=9)
+        ax.set_title(f"{title}:\n{label}", fontsize=FONT_MIN)
         _legend(ax, moment)
     axes[0].set_ylabel(unit)
     fig.tight_layout()
     return fig
 
 
+@legible
 def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed to collectives per step") -> Figure:
     """Stacked bars of message bytes per collective type, one bar per strategy."""
-    colours = {"all_reduce": "#c44e52", "all_gather": "#8172b3", "reduce_scatter": "#937860",
-               "broadcast": "#da8bc3"}
+    colours = {"all_reduce": PALETTE[5], "all_gather": PALETTE[3], "reduce_scatter": PALETTE[4],
+               "broadcast": PALETTE[6]}
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.0), dpi=DPI)
     top = max([sum(c.values()) for c in comm.values()] + [1])
     unit, scale = _scale(top)
@@ -121,10 +126,11 @@ def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed 
             ax.bar(i, value, 0.6, bottom=bottom, color=colour, label=kind if i == 0 else None)
             bottom += value
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), fontsize=7)
+    ax.legend(handles, list(colours), fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              frameon=False)   # beside the bars: inside, it covered the first one
     ax.set_xticks(range(len(comm)), list(comm))
     ax.set_ylabel(unit)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
 
@@ -188,7 +194,7 @@ def sharding_widget():
     """Dropdowns over :func:`show_sharding_explorer`; each change launches a real run."""
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
+    style = WIDGET_STYLE
     return w.interactive(
         show_sharding_explorer, {"manual": True, "manual_name": "Run"},
         strategy=w.Dropdown(options=list(STRATEGIES), value="fsdp", style=style),

@@ -12,13 +12,14 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from course_lib.common.models import GPTConfig, get_config
-from course_lib.display import DPI, FIGSIZE, FONT_MIN, RANK_COLORS
+from course_lib.display import DPI, FIGSIZE, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
 from course_lib.tensor_parallel.layers import qkv_rows, tp_plan
 from course_lib.tensor_parallel.measure import TP_CONFIG, measure_tp_model
+from course_lib.common.plots import legible
 
 __all__ = ["tp_explorer", "format_tp", "tp_widget", "plot_tp_bytes", "plot_tp_split"]
 
-_F, _B = "#4c72b0", "#dd8452"  # the pipeline figures' forward and backward colours
+_F, _B = PALETTE[0], PALETTE[1]  # the pipeline figures' forward and backward colours
 
 
 def tp_explorer(t: int = 2, config: GPTConfig | str = "small", batch: int = 2) -> dict:
@@ -53,7 +54,7 @@ def tp_widget(config: GPTConfig | str = "small"):
 
     heads = get_config(config).n_head
     t = w.Dropdown(options=[d for d in (1, 2, 4, 8) if heads % d == 0], value=2,
-                   description="TP degree t")
+                   description="TP degree t", style=WIDGET_STYLE)
     out = w.Output()
 
     def show(_=None) -> None:
@@ -66,6 +67,7 @@ def tp_widget(config: GPTConfig | str = "small"):
     return w.VBox([t, out])
 
 
+@legible
 def plot_tp_bytes(degrees: Sequence[int], split: Sequence[int], replicated: Sequence[int],
                   comm: Sequence[int]) -> Figure:
     """Left: parameter bytes per rank (split + replicated) vs t. Right: bytes all-reduced per step."""
@@ -73,14 +75,14 @@ def plot_tp_bytes(degrees: Sequence[int], split: Sequence[int], replicated: Sequ
     labels = [str(t) for t in degrees]
     left.bar(labels, [b / 2**20 for b in split], color=_F, label="split linears")
     left.bar(labels, [b / 2**20 for b in replicated], bottom=[b / 2**20 for b in split],
-             color="#8c8c8c", label="replicated")
+             color=GREY, label="replicated")
     left.set_xlabel("tensor-parallel degree t")
     left.set_ylabel("MiB of parameters per rank")
-    left.legend(fontsize=8)
+    left.legend(fontsize=FONT_MIN)
     right.bar(labels, [b / 2**20 for b in comm], color=_B)
     right.set_xlabel("tensor-parallel degree t")
     right.set_ylabel("MiB all-reduced per step")
-    fig.suptitle("Tensor parallelism: memory shrinks as 1/t, traffic does not", fontsize=10)
+    fig.suptitle("Tensor parallelism: memory shrinks as 1/t, traffic does not", fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
 
@@ -104,6 +106,7 @@ def _kept(name: str, style: str, config: GPTConfig, rank: int, t: int) -> list[t
     return [(rank * per, (rank + 1) * per)]
 
 
+@legible
 def plot_tp_split(reports: Sequence, config: GPTConfig = TP_CONFIG) -> Figure:
     """The four split weights of one block as matrices (``out × in``, as ``nn.Linear`` stores
     them), each rank's part coloured: column-parallel layers keep rows, row-parallel ones
@@ -130,7 +133,7 @@ def plot_tp_split(reports: Sequence, config: GPTConfig = TP_CONFIG) -> Figure:
                                  f"of a {rows} × {cols} weight over {t} ranks")
             for a, b in kept:
                 xy, w, h = ((x, -b), cols, b - a) if axis == 0 else ((x + a, -rows), b - a, rows)
-                ax.add_patch(plt.Rectangle(xy, w, h, fc=RANK_COLORS[rank % len(RANK_COLORS)],
+                ax.add_patch(plt.Rectangle(xy, w, h, fc=PALETTE[rank % len(PALETTE)],
                                            ec="white", lw=0.8, gid=f"slice-{name}-{rank}"))
         ax.add_patch(plt.Rectangle((x, -rows), cols, rows, fc="none", ec="black", lw=1.0))
         ax.text(x + cols / 2, 8, f"{name}\n{style}-parallel\n{rows} × {cols}", ha="center",
@@ -144,7 +147,7 @@ def plot_tp_split(reports: Sequence, config: GPTConfig = TP_CONFIG) -> Figure:
         ax.text(marker[1], -config.d_model / 2, marker[0], ha="center", va="center",
                 fontsize=FONT_MIN + 3, fontweight="bold")
         x += cols + gap
-    handles = [plt.Rectangle((0, 0), 1, 1, color=RANK_COLORS[r % len(RANK_COLORS)])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r % len(PALETTE)])
                for r in range(t)]
     ax.legend(handles, [f"rank {r}" for r in range(t)], fontsize=FONT_MIN, ncol=t,
               loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False)

@@ -12,6 +12,7 @@ import pytest
 from course_lib.communication.alphabeta import AlphaBeta
 from course_lib.communication.ring import ring_steps
 from course_lib.communication.show import plot_alpha_beta, plot_ring_steps
+from figure_checks import too_small  # noqa: E402
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -27,6 +28,7 @@ def test_ring_steps_follow_the_algorithm_and_the_figure_draws_them(p):
         else:            # all-gather: complete chunks travel on
             assert m["chunk"] == (r + 1 - (s - p)) % p and len(m["ranks"]) == p
     fig = plot_ring_steps(messages)
+    assert not too_small(fig)
     ax = fig.axes[0]
     assert len(ax.patches) == len(messages)
     assert len(ax.get_yticklabels()) == p and len(ax.get_xticklabels()) == 2 * (p - 1)

@@ -13,6 +13,7 @@ from matplotlib.patches import Rectangle
 from course_lib.composition.mesh import show_meshes
 from course_lib.composition.schedule_order import torch_schedule_order
 from course_lib.composition.show import bytes_summary, plot_mesh, plot_schedule_order
+from figure_checks import too_small  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def _colour_of_rank(ax) -> dict[int, tuple]:
 def test_mesh_figure_has_one_panel_per_dimension_coloured_by_real_groups(meshes):
     for label, ranks in meshes.items():
         fig = plot_mesh(ranks)
+        assert not too_small(fig)
         names = list(ranks[0]["dims"])
         axes = [ax for ax in fig.axes if ax.patches]
         assert len(axes) == len(names)
@@ -54,6 +56,7 @@ def test_mesh_figure_has_one_panel_per_dimension_coloured_by_real_groups(meshes)
 def test_schedule_figure_draws_torchs_plan(p):
     orders = torch_schedule_order(("interleaved-1f1b", "zb-v"), p=p, m=2 * p)
     fig = plot_schedule_order(orders)
+    assert not too_small(fig)
     axes = [ax for ax in fig.axes if ax.patches]
     assert len(axes) == 2
     for ax, order in zip(axes, orders.values()):

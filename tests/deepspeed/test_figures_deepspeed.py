@@ -14,6 +14,7 @@ import pytest
 from course_lib.deepspeed.census import predict_deepspeed
 from course_lib.deepspeed.show import plot_stage_holdings
 from course_lib.sharding.formulas import param_shapes
+from figure_checks import too_small  # noqa: E402
 
 
 def predicted_result(world: int) -> dict:
@@ -40,6 +41,7 @@ def bar_totals(fig) -> list[list[float]]:
 def test_one_bar_per_rank_per_stage_summing_to_the_census(world):
     result = predicted_result(world)
     fig = plot_stage_holdings(result)
+    assert not too_small(fig)
     assert len(fig.axes) == 4
     for stage, totals in enumerate(bar_totals(fig)):
         assert len(totals) == world

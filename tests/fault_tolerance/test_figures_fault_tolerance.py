@@ -19,6 +19,7 @@ from course_lib.display import OKABE_ITO
 
 from course_lib.fault_tolerance.file_events import classify, traced_run
 from course_lib.fault_tolerance.show import plot_commit_timeline
+from figure_checks import too_small  # noqa: E402
 
 
 def _train(root, steps=4, crash=None):
@@ -63,6 +64,7 @@ def test_recorded_order_is_the_commit_protocol(runs):
 def test_timeline_has_a_panel_per_save_and_the_crash_where_it_happened(runs):
     for crash, run in runs.items():
         fig = plot_commit_timeline(run["events"])
+        assert not too_small(fig)
         titles = [ax.get_title() for ax in fig.axes]
         assert len(titles) == 2
         assert ["NOT committed" in t for t in titles] == [False, crash is not None]

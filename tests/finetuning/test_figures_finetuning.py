@@ -13,13 +13,16 @@ import torch
 from course_lib.common.models import GPT, get_config
 from course_lib.finetuning.lora import add_lora, lora_layers
 from course_lib.finetuning.show import plot_finetune_memory, plot_lora
+from figure_checks import too_small  # noqa: E402
 
 
 @pytest.mark.parametrize("r, targets", [(2, ("attn.qkv",)), (16, ("attn.qkv", "mlp.fc", "mlp.proj"))])
 def test_lora_figure_reads_the_model(r, targets):
     torch.manual_seed(0)
     model = add_lora(GPT(get_config("tiny")), r=r, targets=targets)
-    left, right = plot_lora(model).axes
+    fig = plot_lora(model)
+    assert not too_small(fig)
+    left, right = fig.axes
     first = lora_layers(model)[0]
     w, a, b = (p.get_width() * p.get_height() for p in left.patches[:3])
     assert (w, a, b) == (first.base.weight.numel(), first.A.numel(), first.B.numel())
@@ -37,7 +40,9 @@ def test_memory_figure_stacks_the_reports():
                         "activations": 2e6, "peak": 15e6},
                "qlora": {"params": 1e6, "buffers": 5e5, "grads": 2e5, "optimizer": 4e5,
                          "activations": 2e6, "peak": 3e6}}
-    ax = plot_finetune_memory(reports).axes[0]
+    fig = plot_finetune_memory(reports)
+    assert not too_small(fig)
+    ax = fig.axes[0]
     tops = {}
     for bar in ax.patches:
         tops[round(bar.get_x(), 3)] = max(tops.get(round(bar.get_x(), 3), 0), bar.get_y() + bar.get_height())
