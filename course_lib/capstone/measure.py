@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, validate_layout
 from course_lib.fault_tolerance.training import Fault
+from course_lib.launcher.devices import usable_cores
 from course_lib.launcher.launch import run
 
 __all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "predict_run", "train_gpt"]
@@ -107,7 +107,7 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
     world = predicted["world"]
     results = run(rank_entry, world, config, layout, steps, kwargs, timeout=timeout, threads=1)
     first = results[0]
-    cores = min(world, os.cpu_count() or 1)
+    cores = min(world, usable_cores())  # affinity mask and cgroup quota, not the host's count
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])
     achieved = predicted["flops_per_step"] * ran / train_s if ran else 0.0
