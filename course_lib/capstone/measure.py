@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, validate_layout
 from course_lib.fault_tolerance.training import Fault
-from course_lib.launcher.devices import plan
+from course_lib.launcher.devices import plan, usable_cores
 from course_lib.launcher.launch import run
 
 __all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "measure_constants", "predict_run",
@@ -149,7 +148,7 @@ def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 2
     first = results[0]
     step = _step_prediction(config, layout, batch_size, predicted["flops_per_step"],
                             predicted["bytes_predicted"], first)
-    cores = min(world, os.cpu_count() or 1)
+    cores = min(world, usable_cores())  # affinity mask and cgroup quota, not the host's count
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])
     achieved = predicted["flops_per_step"] * ran / train_s if ran else 0.0

@@ -145,7 +145,7 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     """Run ``script`` as 2 nodes x ``nprocs_per_node`` ranks: two torchrun agents on loopback."""
     _validate(nprocs_per_node, script, timeout)
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
-    threads = max(1, (os.cpu_count() or 1) // (2 * nprocs_per_node))
+    threads = max(1, devices.usable_cores() // (2 * nprocs_per_node))
     env = _env(threads, private_run_env())  # one random rendezvous id for both agents
     start = time.monotonic()
     # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun);
@@ -170,7 +170,7 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
 def run_single(script: str = SCRIPT, args: Sequence[str] = (), timeout: float = 120.0) -> str:
     """Run ``python script args`` as one plain process (world size 1); return its output."""
     _validate(1, script, timeout)
-    proc = _launch([sys.executable, script, *map(str, args)], _env(os.cpu_count() or 1))[0]
+    proc = _launch([sys.executable, script, *map(str, args)], _env(devices.usable_cores()))[0]
     (output,) = _collect([proc], timeout)
     _check([proc], [output], "single-process run")
     return output
@@ -238,7 +238,7 @@ def run_two_nodes_netns(rate_mbit: float | None = None, script: str = SCRIPT,
     with two_namespaces(rate_mbit) as nodes:
         addrs = (nodes[0][2], nodes[1][2])
         commands = two_node_commands(script, 1, [str(a) for a in args], free_port(), addrs)
-        threads = max(1, (os.cpu_count() or 1) // 2)
+        threads = max(1, devices.usable_cores() // 2)
         start = time.monotonic()
         procs = [_launch(cmd, _env(threads, {"GLOO_SOCKET_IFNAME": dev}),
                          prefix=("ip", "netns", "exec", ns))[0]
