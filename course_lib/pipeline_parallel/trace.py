@@ -2,13 +2,16 @@
 
 :class:`TracedSteps` is :class:`~course_lib.pipeline_parallel.schedules.StageSteps` with every
 receive, forward and backward timed into a :class:`StageTrace` (``time.perf_counter``, and the
-CPU time of each operation with ``time.thread_time``), and the bytes autograd saves during each
+CPU time of each operation with ``time.thread_time``; each forward and backward first yields the
+core, so the gloo thread carrying the previous op's ``isend`` runs before the compute and not a
+scheduler slice later: docs/decisions.md), and the bytes autograd saves during each
 forward added up (``saved_tensors_hooks``): the activations a micro-batch keeps until its
 backward. :func:`~course_lib.pipeline_parallel.schedules.run_schedule` stays the plain loop;
 :mod:`~course_lib.pipeline_parallel.measure` turns the traces into bubble, transfer and stash.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -74,6 +77,7 @@ class TracedSteps(StageSteps):
         self._timed("B", i, super().backward, i, y, grad)
 
     def _timed(self, kind: str, i: int, step, *args):
+        os.sched_yield()   # the previous op's isend runs on a gloo thread pinned to this core
         start, cpu = time.perf_counter(), time.thread_time()
         out = step(*args)
         self.trace.events.append((kind, i, start, time.perf_counter()))
