@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -28,7 +28,7 @@ from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_formula,
 from course_lib.pipeline_parallel.schedules import SCHEDULES, validate_pipeline
 
 __all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
-           "measure_bubble_sweep", "report_verdict"]
+           "measure_bubble_sweep", "report_verdict", "sweep_record", "sweep_from_record"]
 
 #: |measured - formula| allowed for "as predicted" (a fraction of the step, at every m).
 TOLERANCE = 0.10
@@ -209,3 +209,14 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
             sweep.rows.append(BubbleRow(s, m, statistics.median(bubbles), bubble_formula(p, m),
                                         bubbles, cpu / wall, action, rank_cpu))
     return sweep
+
+
+def sweep_record(sweep: BubbleSweep) -> dict:
+    """``sweep`` as plain JSON data, for data/speed_lessons.json (course_lib.common.recorded)."""
+    return asdict(sweep)
+
+
+def sweep_from_record(value: dict) -> BubbleSweep:
+    """The :class:`BubbleSweep` a record holds (its verdict is computed from the stored rows)."""
+    rows = [BubbleRow(**row) for row in value["rows"]]
+    return BubbleSweep(**{**value, "rows": rows})

@@ -27,7 +27,7 @@ from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
 from course_lib.pipeline_parallel.schedules import Stage
 
 __all__ = ["TORCH_SCHEDULES", "torch_bubble_formula", "stages_of_rank", "measure_torch_schedule",
-           "measure_torch_schedules", "order_verdict"]
+           "measure_torch_schedules", "order_record", "order_verdict"]
 
 #: name -> (torch class name, stages per rank)
 TORCH_SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1),
@@ -151,6 +151,14 @@ def measure_torch_schedules(schedules=tuple(TORCH_SCHEDULES), p: int = 2, m: int
                    timeout=timeout, threads=1)
     return {name: {**_report(name, p, m, steps, [r[name] for r in per_rank]), "load": load}
             for name in schedules}
+
+
+def order_record(reports: dict) -> list[dict]:
+    """The JSON-plain part of :func:`measure_torch_schedules`' reports that :func:`order_verdict`
+    reads, one row per schedule, with the usable cores they were measured on."""
+    keep = ("schedule", "p", "m", "bubble", "bubbles", "formula", "load")
+    return [{**{k: r[k] for k in keep if k in r}, "cores": devices.cpu_count()}
+            for r in reports.values()]
 
 
 def order_verdict(reports: dict, cores: int | None = None) -> str:

@@ -106,3 +106,21 @@ def test_one_report_on_shared_cores_gets_no_verdict(monkeypatch):
     assert bubble.report_verdict(report) == (
         "1f1b, p=4: bubble 0.34 at m=8; formula 0.27: no verdict — 4 ranks need 4 usable cores, "
         "this process may use 2: ranks share cores, so the bubble is not the schedule's alone")
+
+
+def test_the_stored_runs_load_back_and_give_their_verdicts():
+    """Chapters 04 and 09 show these on one core: they must parse and say what they measured."""
+    import json
+
+    from course_lib.common.recorded import load_record
+    from course_lib.pipeline_parallel.bubble import sweep_from_record, sweep_record
+    from course_lib.pipeline_parallel.torch_schedules import order_verdict
+    value, label = load_record("bubble_sweep", ("p", "cores", "pinned", "overhead_s", "rows"))
+    sweep = sweep_from_record(value)
+    assert label.startswith("RECORDED, not measured here") and sweep.cores >= 2 and sweep.pinned
+    assert [r.m for r in sweep.schedule("gpipe")] == [1, 2, 4, 8]
+    assert "no verdict" not in sweep.verdict("1f1b")
+    assert sweep_from_record(json.loads(json.dumps(sweep_record(sweep)))) == sweep
+    rows, _ = load_record("torch_schedule_order", ("schedule", "p", "bubble", "formula", "cores"))
+    verdict = order_verdict({r["schedule"]: r for r in rows}, cores=rows[0]["cores"])
+    assert "no verdict" not in verdict and "zb-v" in verdict
