@@ -87,7 +87,9 @@ def plot_measured_vs_predicted(measured: Mapping[str, int], predicted: Mapping[s
 @legible
 def plot_timeline(report, title: str = "Memory through two training steps") -> Figure:
     """Stacked bars of every category after each phase of :func:`measure_step`, then the peak."""
-    labels = [name.replace(" ", "\n") for name, _ in report.timeline] + ["peak"]
+    short = {"forward": "fwd", "backward": "bwd"}   # "1 backward" at 11 pt is wider than a bar
+    labels = ["\n".join(short.get(w, w) for w in name.split()) for name, _ in report.timeline]
+    labels += ["peak"]
     rows = [snap for _, snap in report.timeline] + [report.peak_breakdown]
     unit, scale = _unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
@@ -95,6 +97,7 @@ def plot_timeline(report, title: str = "Memory through two training steps") -> F
     ax.set_ylabel(unit)
     ax.set_title(title)
     ax.tick_params(axis="x", labelsize=FONT_MIN)
+    ax.set_xlabel("after each phase (fwd: forward, bwd: backward)")
     ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig

@@ -80,7 +80,8 @@ FIGURES = {
     "stacked": lambda: memory.plot_stacked({"after forward": _ALL, "after backward": _STATES}),
     "measured vs predicted": lambda: memory.plot_measured_vs_predicted(_ALL, _ALL),
     "memory timeline": lambda: memory.plot_timeline(
-        NS(timeline=[("after forward", _ALL), ("after step", _STATES)], peak_breakdown=_ALL)),
+        NS(timeline=[(f"{k} {phase}", _ALL) for k in (1, 2) for phase in ("forward", "backward", "step")],
+           peak_breakdown=_ALL)),
     "activation scaling": lambda: memory.plot_scaling(
         {"batch size": ([1, 2, 4], [1e6, 2e6, 4e6], [1e6, 2e6, 4e6]),
          "sequence length (tokens)": ([16, 32], [1e6, 2.5e6], [1e6, 2.5e6])}),
@@ -138,3 +139,18 @@ def test_the_style_is_undone_and_nothing_else():
         assert matplotlib.rcParams["lines.linewidth"] == 7.0
     finally:
         matplotlib.rcParams["lines.linewidth"] = before[1]
+
+
+@pytest.mark.parametrize("name", [n for n in FIGURES if n in ("memory timeline",)])
+def test_tick_labels_do_not_run_into_each_other(name):
+    """Chapter 01's phases ("1 forward", "1 backward", ...) at 11 pt once printed as one word."""
+    fig = FIGURES[name]()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    clashes = []
+    for ax in fig.axes:
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.get_xticklabels()
+                 if t.get_text() and t.get_visible()]
+        clashes += [(a, b) for (a, p), (b, q) in zip(boxes, boxes[1:]) if p.overlaps(q)]
+    plt.close(fig)
+    assert not clashes, f"{name}: {clashes}"
