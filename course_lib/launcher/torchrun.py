@@ -43,7 +43,10 @@ class TorchrunError(RuntimeError):
         lines = output.rstrip().splitlines()
         if rank is not None:
             who = f"rank {rank} failed"
-            tail = [ln for ln in lines if ln.startswith(f"[rank {rank}] ")][-20:]
+            own = [ln for ln in lines if ln.startswith(f"[rank {rank}] ")]
+            # its first Python traceback, whatever gloo logs after it (a peer gone, an abort)
+            first = next((k for k, ln in enumerate(own) if "Traceback (most recent call" in ln), None)
+            tail = own[first:first + 30] if first is not None else own[-20:]
         else:
             who, tail = "the job failed", lines[-20:]
         text = "\n".join(tail) or "(it printed nothing)"

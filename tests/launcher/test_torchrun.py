@@ -139,3 +139,14 @@ def test_the_agents_stores_listen_on_loopback_only(tmp_path):
     job = torchrun(str(script), 2, quiet=True, timeout=120)
     lines = [ln for ln in job.output.splitlines() if "agent listens on" in ln]
     assert len(lines) == 2 and all(ln.endswith("agent listens on 127.0.0.1") for ln in lines), lines
+
+
+def test_the_error_keeps_the_ranks_traceback_whatever_gloo_logs_after_it():
+    """Under load a dying rank's peer can go first: gloo then logs many lines after the traceback
+    (seen in CI), and the last 20 lines alone lost the exception."""
+    lines = ["[rank 1] Traceback (most recent call last):", '[rank 1]   File "x.py", line 6',
+             "[rank 1] RuntimeError: rank one gives up"]
+    lines += [f"[rank 1] [E1202 ProcessGroupGloo.cpp] peer closed the connection {k}"
+              for k in range(40)]
+    assert "RuntimeError: rank one gives up" in str(TorchrunError(1, 1, "\n".join(lines)))
+    assert "[rank 1] last" in str(TorchrunError(1, 1, "[rank 0] a\n[rank 1] last"))
