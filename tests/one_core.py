@@ -18,17 +18,10 @@ from typing import Callable
 
 import pytest
 
+from course_lib.launcher.devices import _own_cgroups   # the parser usable_cores() reads
+
 ENV = "COURSE_NOTEBOOK_CORES"
 ROOT = Path("/sys/fs/cgroup")
-
-
-def _own_group(hierarchy: str) -> str | None:
-    """This process's cgroup path in the v2 hierarchy (``""``) or v1's ``cpu`` one."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if (hierarchy == "" and controllers == "") or hierarchy in controllers.split(","):
-            return path
-    return None
 
 
 def _make_group(name: str) -> tuple[Path, Path] | None:
@@ -38,11 +31,13 @@ def _make_group(name: str) -> tuple[Path, Path] | None:
     v2, v1 = ROOT / "cgroup.controllers", ROOT / "cpu"
     try:
         if v2.is_file() and "cpu" in v2.read_text().split():
-            group, own = ROOT / name, ROOT / (_own_group("") or "/").lstrip("/")
+            own_path = _own_cgroups("/proc/self/cgroup").get("", "/")
+            group, own = ROOT / name, ROOT / own_path.lstrip("/")
             group.mkdir()
             (group / "cpu.max").write_text("100000 100000")
         elif (v1 / "cpu.cfs_quota_us").is_file():
-            group, own = v1 / name, v1 / (_own_group("cpu") or "/").lstrip("/")
+            own_path = _own_cgroups("/proc/self/cgroup").get("cpu", "/")
+            group, own = v1 / name, v1 / own_path.lstrip("/")
             group.mkdir()
             (group / "cpu.cfs_period_us").write_text("100000")
             (group / "cpu.cfs_quota_us").write_text("100000")
