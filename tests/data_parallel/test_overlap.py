@@ -19,10 +19,11 @@ from course_lib.launcher.devices import usable_cores
 #: The notebook's verdict says "as predicted" when overlap hid at least this share of the
 #: communication time.
 HIDDEN_AT_LEAST = 0.25
-#: What the test asserts: the overlapped step beats the serial one by at least this share. On the
-#: idle merged tree overlap hid only 18-20 % of the communication (docs/decisions.md), so the
-#: test holds the direction, and the verdict line says when a run falls short of the model.
-BEATS_SERIAL_BY = 0.10
+#: What the test asserts: the overlapped step beats the serial one by at least this share. With
+#: jumbo frames on the veth (``netns.MTU``) six idle runs saved 32-42 % of the communication; at
+#: 1500 bytes, where the kernel's packet work competed with backward for the core, 20-54 %, and
+#: overlap hid as little as 10 % (docs/decisions.md).
+BEATS_SERIAL_BY = 0.20
 
 
 def _must_run() -> bool:
