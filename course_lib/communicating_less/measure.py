@@ -1,7 +1,7 @@
 """Chapter 11's runs on real ranks: a teacher-student regression task, DDP with each comm hook.
 
 Every rank trains the same student MLP on its own batches of a fixed random teacher's outputs
-(a task whose loss falls steadily, so "loss after N steps" compares methods). Bytes are what
+(:mod:`.task`: a loss that falls steadily, so "loss after N steps" compares methods). Bytes are what
 each rank wrote to its sockets (chapter 2/5's ``bytes_written``: ``wchar`` of /proc/self/io)
 during the timed steps, nothing printed meanwhile; predictions come from
 :mod:`course_lib.communicating_less.hooks`, never from the measurement.
@@ -21,30 +21,8 @@ from course_lib.communicating_less.local_sgd import local_sgd, outer_step
 from course_lib.communicating_less.hooks import HOOKS, START_POWERSGD, validate_hook, \
     predicted_payload, register
 from course_lib.data_parallel.ddp_internals import bytes_written
+from course_lib.communicating_less.task import BATCH, LR, SEED, SIZES, eval_loss, task_batch
 from course_lib.launcher.launch import run
-
-SIZES = (128, 256, 256, 16)   # 102,928 parameters: 412 kB of fp32 gradients per step
-BATCH, LR, SEED = 32, 0.05, 0
-
-
-def task_batch(step: int, rank: int, sizes: Sequence[int] = SIZES, batch: int = BATCH,
-               seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch ``step`` of ``rank``: inputs and a fixed teacher MLP's outputs (same on any rank)."""
-    teacher_gen = torch.Generator().manual_seed(10_000 + seed)
-    teacher = MLP(sizes)
-    with torch.no_grad():
-        for p in teacher.parameters():
-            p.copy_(torch.randn(p.shape, generator=teacher_gen) / p.shape[-1] ** 0.5)
-        x = torch.randn(batch, sizes[0], generator=torch.Generator().manual_seed(
-            seed + 1 + 7919 * step + 104_729 * rank))
-        return x, teacher(x)
-
-
-def eval_loss(model: torch.nn.Module, sizes: Sequence[int] = SIZES) -> float:
-    """Loss on a held-out batch (rank -1: no rank trains on it)."""
-    x, y = task_batch(0, -1, sizes, 256)
-    with torch.no_grad():
-        return F.mse_loss(model(x), y).item()
 
 
 def _train_step(model, opt, step: int, rank: int, sizes) -> float:

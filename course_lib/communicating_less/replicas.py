@@ -40,7 +40,7 @@ def _replica(index: int, lighthouse: str, steps: int, step_s: float) -> None:
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
     from course_lib.common.models import MLP
-    from course_lib.communicating_less.measure import SEED, SIZES, eval_loss, task_batch
+    from course_lib.communicating_less.task import SEED, SIZES, eval_loss, task_batch
     torch.manual_seed(SEED + index)  # different weights: only a fetch from the peer equals them
     model = MLP(SIZES)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -84,10 +84,11 @@ class _Zygote:
     A replica dies with the zygote, which ends when the job closes its socket."""
 
     def __init__(self) -> None:
+        import torch._dynamo  # noqa: F401 - the optimizer's first step imports it lazily
         import torch.nn.functional  # noqa: F401 - what _replica imports, imported here once
         from torchft import Manager, ProcessGroupGloo  # noqa: F401
         from torchft.optim import OptimizerWrapper  # noqa: F401
-        from course_lib.communicating_less import measure  # noqa: F401
+        from course_lib.communicating_less import task  # noqa: F401
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
@@ -252,3 +253,5 @@ def summarize(lines: list[dict]) -> dict:
 
 if __name__ == "__main__":
     _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+    sys.stdout.flush()
+    os._exit(0)  # everything is closed: the interpreter's own shutdown took another second

@@ -3,10 +3,10 @@ loopback is shaped with ``tc`` (a token bucket, as chapter 5's link sweep shapes
 
 :func:`over_slow_link` starts ``python -m course_lib.communicating_less.slow_link``; that child
 enters fresh network and mount namespaces (:func:`course_lib.launcher._private_net.enter`, before
-it imports torch), sets its loopback to an Ethernet MTU (the bucket's burst holds a packet),
-and per rate shapes it (:func:`course_lib.launcher.netns.shape`) and calls one of
-this chapter's measurements, whose ranks (and their gloo sockets on 127.0.0.1) live inside,
-forked from the child itself (``launch.serve_from_here``: torch is imported once, not twice).
+it imports torch), sets its loopback to the shaped veth's jumbo-frame MTU (``netns.MTU``: the
+bucket's burst holds a packet, and per-packet work stays small), and per rate shapes it
+(:func:`course_lib.launcher.netns.shape`) and calls one of this chapter's measurements, whose
+ranks (and their gloo sockets on 127.0.0.1) live inside, forked from the child itself (``launch.serve_from_here``: torch is imported once, not twice).
 Nothing outside sees the shaping; the namespace ends with the child. One JSON line per rate.
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ def _main() -> None:
     except _private_net.Refused as exc:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
-    subprocess.run(["ip", "link", "set", "lo", "mtu", "1500"], check=True)
-    from course_lib.launcher.netns import shape
+    from course_lib.launcher.netns import MTU, shape
+    subprocess.run(["ip", "link", "set", "lo", "mtu", str(MTU)], check=True)
     module, _, name = JOBS[request["job"]].partition(":")
     measure = getattr(importlib.import_module(module), name)
     from course_lib.launcher.launch import serve_from_here
