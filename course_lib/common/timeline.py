@@ -68,6 +68,7 @@ class Timeline(TorchDispatchMode):
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank = rank
         self._records: list[list] = []   # [lane, name, t0, t1 or None]; t1 set by gloo's thread
+        self._pending: list[tuple] = []  # (work's future, the future of its end-time callback)
 
     @contextmanager
     def span(self, name: str, lane: str = "compute") -> Iterator[None]:
@@ -118,18 +119,22 @@ class Timeline(TorchDispatchMode):
                 work.wait()
                 record[1:] = [f"{record[1]} (waited at its call)", start, time.perf_counter()]
                 return out
-            future.add_done_callback(lambda _f, rec=record: rec.__setitem__(3, time.perf_counter()))
+            stamped = future.then(lambda f, rec=record: rec.__setitem__(3, time.perf_counter()))
+            self._pending.append((future, stamped))
         return out
 
     def events(self) -> list[Span]:
         """Every finished span (a collective still in flight is left out), in start order."""
+        for future, stamped in self._pending:
+            if future.done():    # finished, but its callback may still be on its way in gloo's
+                stamped.wait()   # thread: DDP can return from backward before it runs
         done = [Span(self.rank, lane, name, t0, t1) for lane, name, t0, t1 in list(self._records)
                 if t1 is not None]
         return sorted(done, key=lambda s: s.t0)
 
     def reset(self) -> None:
         """Forget what was recorded so far (e.g. after a warm-up step)."""
-        self._records = []
+        self._records, self._pending = [], []
 
 
 def spans_from(rank: int, lane: str, items: Iterable[tuple]) -> list[Span]:
