@@ -31,9 +31,10 @@ def rows():
         pytest.skip("strong scaling on 2 ranks needs 2 usable cores")
     rows = sl.scaling_over_link((0, 1000, 200), steps=5)
     if rows[0]["speedup"] < 1.4 or not all(sl.within_band(r) for r in rows):
-        # One more launch before judging: a pinned rank's gloo thread shares its core and can
-        # wait a scheduler slice behind the compute (docs/decisions.md, the bubble's excess),
-        # which once took the unshaped 2-rank speedup to 1.35 on the idle CI machine.
+        # One more launch before judging: the unshaped 2-rank speedup once read 1.35 on the idle
+        # CI machine, when the veth still had a 1500-byte MTU and its packet work took ~40 % of
+        # a core (jumbo frames since, docs/decisions.md); a pinned rank's gloo thread can also
+        # wait a scheduler slice behind the compute (the bubble's excess).
         rows = sl.scaling_over_link((0, 1000, 200), steps=5)
     return rows
 
