@@ -6,7 +6,10 @@ keeps the bubble of every (schedule, m) — from the ranks' own timestamps
 (:func:`~course_lib.pipeline_parallel.measure.measured_bubble`), never from the formula.
 :meth:`BubbleSweep.verdict` prints one line computed from that measurement: as predicted within
 a stated tolerance, or not, or why the machine could not show it (fewer usable cores than
-ranks, ranks without a core of their own, compute not large against the overhead).
+ranks, ranks without a core of their own, compute not large against the overhead), and beside
+it the model for the stages' own measured costs
+(:func:`~course_lib.pipeline_parallel.measure.bubble_for_stages`), which drops the formula's
+assumption of equal stages.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from course_lib.common.checks import positive_int
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
-from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_formula, measured_bubble,
-                                                  pipeline_rank)
+from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_for_stages, bubble_formula,
+                                                  measured_bubble, pipeline_rank, stage_costs)
 from course_lib.pipeline_parallel.schedules import SCHEDULES, validate_pipeline
 
 __all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
@@ -50,10 +53,19 @@ class BubbleRow:
     core_share: float
     action_s: float          # median compute of one forward + backward of a micro-batch, per rank
     rank_cpu_s: list = field(default_factory=list)  # CPU seconds per micro-batch, each rank
+    stage_s: list = field(default_factory=list)  # [mean F, mean B] per rank, the median step
 
     @property
     def error(self) -> float:
         return self.bubble - self.formula
+
+    @property
+    def for_stages(self) -> float | None:
+        """The bubble the model predicts for the stages' measured costs (None: not recorded)."""
+        if not self.stage_s:
+            return None
+        forward, backward = zip(*self.stage_s)
+        return bubble_for_stages(self.schedule, self.m, list(forward), list(backward))
 
 
 @dataclass
@@ -112,20 +124,34 @@ class BubbleSweep:
         worst = max(rows, key=lambda r: abs(r.error))
         falling = all(a.bubble > b.bubble for a, b in zip(rows, rows[1:]))
         if abs(worst.error) <= self.tolerance and falling:
-            return f"{line}: as predicted (within ±{self.tolerance:.2f})"
+            return f"{line}: as predicted (within ±{self.tolerance:.2f}){_stages(rows)}"
         return (f"{line}: NOT as predicted (m={worst.m} off by {worst.error:+.2f}, "
                 f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'}; "
-                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch)")
+                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch){_stages(rows)}")
 
     def table(self) -> str:
         lines = [f"p={self.p}, {'pinned one per core' if self.pinned else 'not pinned'}; per-action "
                  f"overhead (send+recv of one activation) {self.overhead_s * 1e3:.2f} ms, compute "
                  f"per action ≥ {self.compute_ratio:.0f}x that; stages differ by "
                  f"{self.imbalance:.0%} in CPU time per micro-batch",
-                 f"{'schedule':8} {'m':>2} {'measured':>8} {'formula':>7} {'diff':>6} {'core':>5}"]
+                 f"{'schedule':8} {'m':>2} {'measured':>8} {'formula':>7} {'diff':>6} "
+                 f"{'stages':>6} {'diff':>6} {'core':>5}"]
         lines += [f"{r.schedule:8} {r.m:2d} {r.bubble:8.3f} {r.formula:7.3f} {r.error:+6.3f} "
-                  f"{r.core_share:5.0%}" for r in self.rows]
+                  + (f"{r.for_stages:6.3f} {r.bubble - r.for_stages:+6.3f} " if r.stage_s
+                     else f"{'-':>6} {'-':>6} ") + f"{r.core_share:5.0%}" for r in self.rows]
         return "\n".join(lines)
+
+
+def _stages(rows: list[BubbleRow]) -> str:
+    """The verdict's second clause: the model for the stages' measured costs, beside the run."""
+    if not all(r.stage_s for r in rows):
+        return ""
+    first, last = rows[0], rows[-1]
+    cost = " / ".join(f"{(f + b) * 1e3:.1f}" for f, b in last.stage_s)
+    off = max((r.bubble - r.for_stages for r in rows), key=abs)
+    return (f"; for the stages as they ran (F + B per micro-batch {cost} ms at m={last.m}) the "
+            f"model gives {first.for_stages:.2f} → {last.for_stages:.2f}, measured at most "
+            f"{off:+.2f} from it")
 
 
 def report_verdict(report) -> str:
@@ -206,8 +232,10 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
             action = statistics.median(sum(b.compute) / (p * m) for b in budgets)
             rank_cpu = [sum(sum(traces[r].cpu) for traces in steps_traces) / (steps * m)
                         for r in range(p)]
+            costs = [stage_costs(list(traces)) for traces in steps_traces]  # (F, B) per step
+            stage = [[statistics.median(c[k][r] for c in costs) for k in (0, 1)] for r in range(p)]
             sweep.rows.append(BubbleRow(s, m, statistics.median(bubbles), bubble_formula(p, m),
-                                        bubbles, cpu / wall, action, rank_cpu))
+                                        bubbles, cpu / wall, action, rank_cpu, stage))
     return sweep
 
 

@@ -25,7 +25,7 @@ from course_lib.pipeline_parallel.schedules import Stage, run_schedule, schedule
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
-           "measured_bubble", "ready_times", "pipeline_rank", "measure_pipeline", "torch_pipeline",
+           "bubble_for_stages", "stage_costs", "measured_bubble", "ready_times", "pipeline_rank", "measure_pipeline", "torch_pipeline",
            "dense_reference"]
 
 #: Small model for correctness checks (4 blocks: p = 1, 2, 4 divide it).
@@ -37,6 +37,27 @@ BUBBLE_CONFIG = GPTConfig(n_layer=4, n_head=4, d_model=256, seq_len=64)
 def bubble_formula(p: int, m: int) -> float:
     """Idle fraction of a GPipe/1F1B step when every micro-batch costs the same: (p-1)/(m+p-1)."""
     return (p - 1) / (m + p - 1)
+
+
+def bubble_for_stages(schedule: str, m: int, forward_s: list, backward_s: list) -> float:
+    """The same idle fraction when stage ``r``'s forward and backward of one micro-batch take
+    ``forward_s[r]`` and ``backward_s[r]``: the slowest stage sets the pace. GPipe's forward
+    and backward phases each take the sum over the stages plus (m-1) of the slowest one;
+    1F1B's steady state runs at the slowest F + B. Equal stages give ``(p-1)/(m+p-1)``."""
+    p, total = len(forward_s), sum(forward_s) + sum(backward_s)
+    if schedule == "gpipe":
+        span = total + (m - 1) * (max(forward_s) + max(backward_s))
+    else:
+        span = total + (m - 1) * max(f + b for f, b in zip(forward_s, backward_s))
+    return 1 - m * total / (p * span)
+
+
+def stage_costs(traces: list[StageTrace]) -> tuple[list, list]:
+    """Each rank's mean forward and mean backward of one micro-batch in a recorded step (s)."""
+    def mean(t, kind):
+        spans = [b - a for k, _, a, b in t.events if k == kind]
+        return sum(spans) / len(spans)
+    return [mean(t, "F") for t in traces], [mean(t, "B") for t in traces]
 
 
 @dataclass
