@@ -6,8 +6,9 @@ enters fresh network and mount namespaces (:func:`course_lib.launcher._private_n
 it imports torch), sets its loopback to the shaped veth's jumbo-frame MTU (``netns.MTU``: the
 bucket's burst holds a packet, and per-packet work stays small), and per rate shapes it
 (:func:`course_lib.launcher.netns.shape`) and calls one of this chapter's measurements, whose
-ranks (and their gloo sockets on 127.0.0.1) live inside, forked from the child itself (``launch.serve_from_here``: torch is imported once, not twice).
-Nothing outside sees the shaping; the namespace ends with the child. One JSON line per rate.
+ranks (and their gloo sockets on 127.0.0.1) live inside, forked from the child itself
+(``launch.serve_from_here``: torch is imported once, not twice). Nothing outside sees the
+shaping; the namespace ends with the child. One JSON line per rate.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Two "nodes" (processes), each in a network namespace of its own, joined by a veth pair
 (10.99.0.1 and 10.99.0.2, jumbo frames) whose both ends ``tc`` shapes: a token bucket
 (``tbf``) for a rate, ``netem`` for a delay. gloo between them then pays real wire time for
-every byte, which compute can overlap (the CPU is free while a socket waits). A *hub* process, itself started in a fresh
-namespace, makes the nodes, wires the veth and drives them over stdin/stdout (JSON lines).
+every byte, which compute can overlap (the CPU is free while a socket waits). A *hub* process,
+itself started in a fresh namespace, makes the nodes, wires the veth and drives them over
+stdin/stdout (JSON lines).
 :func:`availability` says whether namespaces can be made here (root: ``unshare --net``; a normal
 user: ``unshare --user --map-root-user --net``, where the kernel allows it). Hub and nodes die
 with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node. Chapter 05's link

@@ -53,7 +53,7 @@ class BubbleRow:
     core_share: float
     action_s: float          # median compute of one forward + backward of a micro-batch, per rank
     rank_cpu_s: list = field(default_factory=list)  # CPU seconds per micro-batch, each rank
-    stage_s: list = field(default_factory=list)  # [mean F, mean B] per rank, the median step
+    stage_s: list = field(default_factory=list)  # [F, B] per rank: mean, median over the steps
 
     @property
     def error(self) -> float:
@@ -127,7 +127,8 @@ class BubbleSweep:
             return f"{line}: as predicted (within ±{self.tolerance:.2f}){_stages(rows)}"
         return (f"{line}: NOT as predicted (m={worst.m} off by {worst.error:+.2f}, "
                 f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'}; "
-                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch){_stages(rows)}")
+                f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch)"
+                + _stages(rows))
 
     def table(self) -> str:
         lines = [f"p={self.p}, {'pinned one per core' if self.pinned else 'not pinned'}; per-action "

@@ -25,8 +25,8 @@ from course_lib.pipeline_parallel.schedules import Stage, run_schedule, schedule
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
-           "bubble_for_stages", "stage_costs", "measured_bubble", "ready_times", "pipeline_rank", "measure_pipeline", "torch_pipeline",
-           "dense_reference"]
+           "bubble_for_stages", "stage_costs", "measured_bubble", "ready_times", "pipeline_rank",
+           "measure_pipeline", "torch_pipeline", "dense_reference"]
 
 #: Small model for correctness checks (4 blocks: p = 1, 2, 4 divide it).
 PP_CONFIG = GPTConfig(n_layer=4, n_head=2, d_model=32, seq_len=16)

@@ -56,7 +56,8 @@ def test_bubble_falls_with_m_and_starts_on_the_formula(sweep):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("p, m", [(2, 1), (2, 8), (4, 4), (4, 16)])
 def test_equal_stages_give_the_formula(schedule, p, m):
-    assert bubble_for_stages(schedule, m, [0.01] * p, [0.02] * p) == pytest.approx(bubble_formula(p, m))
+    predicted = bubble_for_stages(schedule, m, [0.01] * p, [0.02] * p)
+    assert predicted == pytest.approx(bubble_formula(p, m))
 
 
 def test_the_slowest_stage_sets_the_pace():
@@ -80,8 +81,10 @@ def test_a_schedule_that_does_not_pipeline_is_not_as_predicted():
 
 def _sweep(**kwargs):
     stage = kwargs.pop("stage_s", [])
-    rows = [BubbleRow("gpipe", m, bubble_formula(2, m) + kwargs.pop(f"off{m}", 0.0), bubble_formula(2, m),
-                      [], kwargs.get("share", 1.0), 0.02, [0.020, 0.022], stage) for m in (1, 2, 4, 8)]
+    share = kwargs.get("share", 1.0)
+    rows = [BubbleRow("gpipe", m, bubble_formula(2, m) + kwargs.pop(f"off{m}", 0.0),
+                      bubble_formula(2, m), [], share, 0.02, [0.020, 0.022], stage)
+            for m in (1, 2, 4, 8)]
     kwargs.pop("share", None)
     return BubbleSweep(**{"p": 2, "cores": 2, "pinned": True, "overhead_s": 2e-4, "load": 0.3,
                           "rows": rows, **kwargs})
