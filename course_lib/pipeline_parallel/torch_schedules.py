@@ -13,6 +13,7 @@ messages in flight included) is its bubble.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -23,6 +24,7 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.launcher.progress import report
+from course_lib.pipeline_parallel.bubble import MIN_CORE_SHARE
 from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
 from course_lib.pipeline_parallel.schedules import Stage
 
@@ -50,17 +52,19 @@ def stages_of_rank(schedule: str, rank: int, p: int) -> list[int]:
     return [rank + k * p for k in range(v)]
 
 
-def _timed(stage, log: list) -> None:
-    """Wrap the stage's compute actions so each call appends (name@stage, start, end) to ``log``."""
+def _timed(stage, log: list, cpu: list) -> None:
+    """Wrap the stage's compute actions so each call appends (name@stage, start, end) to ``log``
+    and the thread's CPU seconds it took to ``cpu`` (below its wall time: waiting for a core)."""
     for name in _TIMED:
         original = getattr(stage, name)
 
         def timed(*args, _original=original, _name=name, **kwargs):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             try:
                 return _original(*args, **kwargs)
             finally:
                 log.append((f"{_name}@{stage.stage_index}", start, time.perf_counter()))
+                cpu.append(time.thread_time() - cpu_start)
         setattr(stage, name, timed)
 
 
@@ -88,17 +92,19 @@ def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
     mine = stages_of_rank(schedule, rank, p)
     modules = [Stage(model, s, n_stages) for s in mine]
     log: list = []
+    cpu: list = []
     stages = [PipelineStage(mod, s, n_stages, torch.device("cpu")) for mod, s in zip(modules, mine)]
     for st in stages:
-        _timed(st, log)
+        _timed(st, log, cpu)
     cls = getattr(pipelining, kind)
     sched = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=GPT.loss)
     idx, targets = _data(config, batch, seed)
-    spans, losses, actions = [], [], []
+    spans, losses, actions, shares = [], [], [], []
     for step in range(steps + 1):              # step 0 warms up (first-touch costs), unrecorded
         for mod in modules:
             mod.zero_grad(set_to_none=True)
         log.clear()
+        cpu.clear()
         losses = []
         dist.barrier()
         args = (idx,) if 0 in mine else ()
@@ -106,11 +112,12 @@ def _torch_schedule_rank(config: GPTConfig, schedule: str, m: int, batch: int, s
         sched.step(*args, **kwargs)
         if step:
             spans.append([(a, b) for _, a, b in log])
+            shares.append(sum(cpu) / max(sum(b - a for _, a, b in log), 1e-9))
             actions = list(log)          # the last recorded step, named: the 09 timeline
     grads = {mod.global_name(n): q.grad.clone() for mod in modules for n, q in mod.named_parameters()}
     loss = torch.stack(losses).mean().item() if losses else None
     return {"rank": rank, "stages": mine, "spans": spans, "grads": grads, "loss": loss,
-            "actions": actions}
+            "actions": actions, "core_share": min(1.0, statistics.median(shares))}
 
 
 def measure_torch_schedule(schedule: str = "interleaved-1f1b", p: int = 2, m: int = 4,
@@ -156,21 +163,30 @@ def measure_torch_schedules(schedules=tuple(TORCH_SCHEDULES), p: int = 2, m: int
 def order_record(reports: dict) -> list[dict]:
     """The JSON-plain part of :func:`measure_torch_schedules`' reports that :func:`order_verdict`
     reads, one row per schedule, with the usable cores they were measured on."""
-    keep = ("schedule", "p", "m", "bubble", "bubbles", "formula", "load")
+    keep = ("schedule", "p", "m", "bubble", "bubbles", "formula", "load", "core_share")
     return [{**{k: r[k] for k in keep if k in r}, "cores": devices.cpu_count()}
             for r in reports.values()]
 
 
 def order_verdict(reports: dict, cores: int | None = None) -> str:
     """One line from :func:`measure_torch_schedules`' reports: do the measured bubbles fall in the
-    formulas' order? No verdict when other work kept cores busy before the launch (1-minute load
-    above ``cores - p + 0.5``, at least 1): the ranks then wait for a core, not for each other."""
+    formulas' order? No verdict where the ranks outnumber the cores, or had a core for less than
+    ``MIN_CORE_SHARE`` of their compute time (thread CPU / wall of their actions): they then
+    waited for a core, not for each other. A record without that share (made before it was
+    measured) is judged by the 1-minute load before its launch instead."""
     rows = sorted(reports.values(), key=lambda r: -r["formula"])
     cores = devices.cpu_count() if cores is None else cores
     p, load = rows[0]["p"], max(r.get("load", 0.0) for r in rows)
     line = ("bubble measured " + ", ".join(f"{r['schedule']} {r['bubble']:.2f}" for r in rows)
             + "; formulas " + ", ".join(f"{r['formula']:.2f}" for r in rows))
-    if load > max(1.0, cores - p + 0.5) or cores < p:
+    if cores < p:
+        return f"{line}: no verdict — {p} ranks on {cores} usable cores share them"
+    if all("core_share" in r for r in rows):
+        share = min(r["core_share"] for r in rows)
+        if share < MIN_CORE_SHARE:
+            return (f"{line}: no verdict — the ranks had a core for only {share:.0%} of their "
+                    f"compute time (threshold {MIN_CORE_SHARE:.0%}): other programs held the cores")
+    elif load > max(1.0, cores - p + 0.5):
         return (f"{line}: no verdict — load {load:.1f} on {cores} cores before the launch "
                 f"(the {p} ranks were not sure to have a core each)")
     if all(a["bubble"] > b["bubble"] for a, b in zip(rows, rows[1:])):
@@ -188,5 +204,6 @@ def _report(schedule: str, p: int, m: int, steps: int, results: list[dict]) -> d
     grads = {n: g for r in results for n, g in r["grads"].items()}
     loss = next(r["loss"] for r in results if r["loss"] is not None)
     return {"schedule": schedule, "p": p, "m": m, "bubble": sorted(bubbles)[len(bubbles) // 2],
+            "core_share": min(r["core_share"] for r in results),
             "bubbles": bubbles, "formula": torch_bubble_formula(schedule, p, m),
             "loss": loss, "grads": grads, "actions": [r["actions"] for r in results]}

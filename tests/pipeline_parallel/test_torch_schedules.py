@@ -74,5 +74,13 @@ def test_order_verdict_is_computed_from_the_measured_bubbles():
     assert order_verdict(_rows(zb_v=0.18, interleaved_1f1b=0.14, **{"1f1b": 0.23}),
                          cores=2).endswith("NOT falling in the formulas' order")
     busy = _rows(zb_v=0.10, interleaved_1f1b=0.14, **{"1f1b": 0.23})
-    busy["zb-v"]["load"] = 3.0
+    busy["zb-v"]["load"] = 3.0     # a record made before the core share was measured
     assert "no verdict — load 3.0 on 2 cores" in order_verdict(busy, cores=2)
+    shared = _rows(zb_v=0.10, interleaved_1f1b=0.14, **{"1f1b": 0.23})
+    for row in shared.values():
+        row.update(load=3.0, core_share=0.95)   # the notebook's own earlier cells raised the load
+    assert order_verdict(shared, cores=2).endswith("falling in the formulas' order")
+    shared["1f1b"]["core_share"] = 0.6
+    assert "no verdict — the ranks had a core for only 60% of their compute time" in \
+        order_verdict(shared, cores=2)
+    assert "no verdict — 2 ranks on 1 usable cores" in order_verdict(shared, cores=1)
