@@ -33,14 +33,20 @@ def test_both_nodes_meet_in_one_private_network(tmp_path, monkeypatch):
     """Node 0's agent gets a private network namespace (no other user reaches its stores) and
     node 1's agent joins it; where the kernel refuses, both stay here, after one warning."""
     script = tmp_path / "where.py"
-    script.write_text("import os\nfrom course_lib.launcher.torchrun import init_distributed\n"
+    # one all-reduce before printing: a rank that left right after init_process_group could
+    # reset its peer's connection while that peer was still inside gloo's connectFullMesh
+    # ("Gloo connectFullMesh failed", node 0 exit 1, node 1 exit 0: seen once in CI under load)
+    script.write_text("import os, torch, torch.distributed as dist\n"
+                      "from course_lib.launcher.torchrun import init_distributed\n"
                       "rank, world = init_distributed()\n"
-                      "print('network', os.readlink('/proc/self/ns/net'), 'world', world)\n")
+                      "ranks = torch.tensor([rank]); dist.all_reduce(ranks)\n"
+                      "print('network', os.readlink('/proc/self/ns/net'), 'world', world,"
+                      " 'sum', int(ranks))\n")
     monkeypatch.setattr(torchrun_module, "_WARNED", [], raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         two = run_two_nodes(script=str(script), timeout=180)
-    nets = {re.search(r"network (\S+) world 2", text).group(1) for text in two.outputs}
+    nets = {re.search(r"network (\S+) world 2 sum 1", text).group(1) for text in two.outputs}
     assert len(nets) == 1, two.outputs
     shared = [w for w in caught if "no private network namespace" in str(w.message)]
     assert (nets == {os.readlink("/proc/self/ns/net")}) == bool(shared), (nets, shared)
