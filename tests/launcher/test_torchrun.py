@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,31 @@ def test_a_module_runs_on_every_rank_with_prefixed_output(capsys, monkeypatch, t
     assert ranks == [f"[rank {r}] rank {r} of 3: sum of (rank + 1) over all ranks = 6"
                      for r in range(3)]
     assert "[rank 1] rank 1 of 3" in capsys.readouterr().out
+
+
+def test_no_rank_returns_from_init_before_every_rank_is_connected(tmp_path):
+    """Rank 0 finishes init_process_group 1 s late; rank 1 must still be inside
+    init_distributed then (a rank that left at once could reset rank 0's gloo handshake)."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        import torch.distributed as dist
+        real = dist.init_process_group
+        def late(*args, **kwargs):
+            real(*args, **kwargs)
+            if os.environ["RANK"] == "0":
+                time.sleep(1.0)
+            print("connected", os.environ["RANK"], repr(time.time()), flush=True)
+        dist.init_process_group = late
+        from course_lib.launcher.torchrun import init_distributed
+        rank, world = init_distributed()
+        print("returned", rank, repr(time.time()), flush=True)
+    """))
+    job = torchrun(str(script), 2, quiet=True, timeout=120)
+    seen = {(what, int(rank)): float(t) for what, rank, t in
+            re.findall(r"(connected|returned) (\d) ([\d.]+)", job.output)}
+    assert len(seen) == 4, job.output
+    assert seen["returned", 1] >= seen["connected", 0], seen
 
 
 def test_a_failing_rank_is_named_with_its_traceback(tmp_path):
