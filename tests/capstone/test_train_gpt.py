@@ -172,3 +172,20 @@ def test_data_parallel_ranks_split_each_global_batch_and_resume_from_the_positio
     assert torch.equal(later.next_batch()[0], one.next_batch()[0])
     with pytest.raises(ValueError, match="outside this data set"):
         later.restore({"epoch": 0, "position": one.per_epoch})
+
+
+def test_the_step_verdict_states_the_direction_and_a_range_only_when_asked():
+    """The verdict holds on any machine: it names the direction (a lower bound), never a range
+    of ratios from one machine unless the caller passes one."""
+    from course_lib.capstone.show import STEP_RATIO_SEEN, step_verdict
+
+    def result(ratio):
+        return {"layout": {"dp_shard": 2}, "step_ratio": ratio, "step_seconds": 4e-3 * ratio,
+                "step_predicted": {"step_s": 4e-3, "compute_s": 1e-3, "comm_s": 3e-3}}
+
+    slow, fast = step_verdict(result(3.5)), step_verdict(result(0.8))
+    assert slow.endswith("x3.5; slower than predicted (a lower bound): True"), slow
+    assert fast.endswith("slower than predicted (a lower bound): False"), fast
+    assert "within" not in slow + fast
+    assert step_verdict(result(3.5), STEP_RATIO_SEEN).endswith("(seen before): True")
+    assert step_verdict(result(2.0), (3, 100)).endswith("(seen before): False")
