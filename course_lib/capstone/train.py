@@ -228,7 +228,7 @@ def matmul_peak(n: int = 512, repeats: int = 5, device: str = "cpu") -> float:
     return 2 * n ** 3 / best
 
 
-LINK_SIZES = (2**10, 2**14, 2**18, 2**20)  # all-reduce sizes the α-β fit sees, 1 KiB-1 MiB
+LINK_SIZES = (2**10, 2**14, 2**18, 2**20, 2**23)  # all-reduce sizes the α-β fit sees, 1 KiB-8 MiB
 
 
 def machine_constants(device: str = "cpu") -> dict:
