@@ -110,3 +110,29 @@ def test_real_ranks_spans_overlap_and_every_bucket_is_seen():
         assert a.t0 < b.t1 and b.t0 < a.t1
     backward = next(s for s in results[0]["events"] if s.name == "backward")
     assert any(backward.t0 < s.t0 < backward.t1 for s in comm[0][1:])   # issued inside backward
+
+
+def test_events_waits_for_the_end_time_of_a_collective_that_has_finished():
+    """A collective's future can be done while the callback that stamps its end still runs in
+    gloo's thread (DDP returns from backward first): events() waits for that stamp instead of
+    leaving the collective out. The thread here stamps 0.2 s late, as a slow callback would."""
+    import threading
+
+    tl = Timeline(rank=0)
+    record = ["comm", "all_reduce", time.perf_counter(), None]
+    work, stamped = torch.futures.Future(), torch.futures.Future()
+    work.set_result(None)  # the collective itself is done
+
+    def stamp():
+        time.sleep(0.2)
+        record[3] = time.perf_counter()
+        stamped.set_result(None)
+
+    tl._records.append(record)
+    tl._pending.append((work, stamped))
+    threading.Thread(target=stamp, daemon=True).start()
+    assert [(s.lane, s.name) for s in tl.events()] == [("comm", "all_reduce")]
+    in_flight = Timeline(rank=0)  # a collective not yet done is left out, without waiting
+    in_flight._records.append(["comm", "all_reduce", time.perf_counter(), None])
+    in_flight._pending.append((torch.futures.Future(), torch.futures.Future()))
+    assert in_flight.events() == []
