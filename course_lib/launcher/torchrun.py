@@ -236,8 +236,8 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     * no ``RANK`` in the environment: a one-process group, so the same script runs alone.
 
     It returns only once every rank is connected (a store barrier): gloo's connectFullMesh can
-    return on one rank before the other, and a script that then ends at once resets its peer
-    mid-handshake ("Gloo connectFullMesh failed", seen once in CI, two nodes under load).
+    return on one rank before another, and a rank that then ends at once resets its peer
+    mid-handshake ("Gloo connectFullMesh failed" there).
     It also makes the process end with ``os._exit`` once the script is done (exit code 0, or 1
     after an uncaught exception): an ordinary interpreter shutdown with live gloo threads aborts
     with "terminate called without an active exception" in 10-30 % of runs, which torchrun
@@ -262,9 +262,9 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     else:  # alone: an in-memory store (no file left behind)
         store = dist.HashStore()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
-    if world > 1 and store.add("course_lib/connected", 1) == world:  # the last rank connected
-        store.set("course_lib/all_connected", "1")
-    if world > 1:
+    if world > 1:  # a store barrier: the last rank to connect lets every rank go
+        if store.add("course_lib/connected", 1) == world:
+            store.set("course_lib/all_connected", "1")
         store.wait(["course_lib/all_connected"])
     _exit_without_finalizing()
     return rank, world
