@@ -1,15 +1,13 @@
 """The bubble experiment of chapter 4, designed for a 2-core laptop: m = 1, 2, 4, 8 in one launch.
 
 :func:`measure_bubble_sweep` runs GPipe and 1F1B on ``p`` ranks pinned one per core, after
-measuring the per-action overhead (a send and receive of one activation, no compute), and
-keeps the bubble of every (schedule, m) — from the ranks' own timestamps
-(:func:`~course_lib.pipeline_parallel.measure.measured_bubble`), never from the formula.
-:meth:`BubbleSweep.verdict` prints one line computed from that measurement: as predicted within
-a stated tolerance, or not, or why the machine could not show it (fewer usable cores than
-ranks, ranks without a core of their own, compute not large against the overhead), and beside
-it the model for the stages' own measured costs
-(:func:`~course_lib.pipeline_parallel.measure.bubble_for_stages`), which drops the formula's
-assumption of equal stages.
+measuring the per-action overhead (one send and receive, no compute), and keeps each
+(schedule, m)'s bubble from the ranks' own timestamps, never from the formula.
+:meth:`BubbleSweep.verdict` says, from that measurement: as predicted within a stated tolerance,
+or not, or why the machine could not show it; beside it two models that drop the formula's
+assumptions one at a time — equal stages (``bubble_for_stages``), then equal micro-batches
+(:func:`bubble_for_actions`): what the measurement has above the second is the messages and
+the Python between the actions.
 """
 from __future__ import annotations
 
@@ -28,10 +26,10 @@ from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_for_stages, bubble_formula,
                                                   measured_bubble, pipeline_rank, stage_costs)
-from course_lib.pipeline_parallel.schedules import SCHEDULES, validate_pipeline
+from course_lib.pipeline_parallel.schedules import SCHEDULES, lay_out, validate_pipeline
 
 __all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
-           "measure_bubble_sweep", "report_verdict", "sweep_record", "sweep_from_record"]
+           "bubble_for_actions", "measure_bubble_sweep", "report_verdict", "sweep_record", "sweep_from_record"]
 
 #: |measured - formula| allowed for "as predicted" (a fraction of the step, at every m).
 TOLERANCE = 0.10
@@ -54,6 +52,7 @@ class BubbleRow:
     action_s: float          # median compute of one forward + backward of a micro-batch, per rank
     rank_cpu_s: list = field(default_factory=list)  # CPU seconds per micro-batch, each rank
     stage_s: list = field(default_factory=list)  # [F, B] per rank: mean, median over the steps
+    for_actions: float | None = None  # bubble_for_actions of the step kept (None: not recorded)
 
     @property
     def error(self) -> float:
@@ -75,7 +74,7 @@ class BubbleSweep:
     p: int
     cores: int                # usable cores of the launching process
     pinned: bool
-    overhead_s: float         # one send + recv of an activation, no compute (median, one way)
+    overhead_s: float         # one send + recv, no compute (one way; least of 3 medians)
     load: float               # 1-minute load average before the launch
     rows: list = field(default_factory=list)
     tolerance: float = TOLERANCE
@@ -136,11 +135,17 @@ class BubbleSweep:
                  f"per action ≥ {self.compute_ratio:.0f}x that; stages differ by "
                  f"{self.imbalance:.0%} in CPU time per micro-batch",
                  f"{'schedule':8} {'m':>2} {'measured':>8} {'formula':>7} {'diff':>6} "
-                 f"{'stages':>6} {'diff':>6} {'core':>5}"]
+                 f"{'stages':>6} {'diff':>6} {'actions':>7} {'diff':>6} {'core':>5}"]
         lines += [f"{r.schedule:8} {r.m:2d} {r.bubble:8.3f} {r.formula:7.3f} {r.error:+6.3f} "
-                  + (f"{r.for_stages:6.3f} {r.bubble - r.for_stages:+6.3f} " if r.stage_s
-                     else f"{'-':>6} {'-':>6} ") + f"{r.core_share:5.0%}" for r in self.rows]
+                  + _model(r.for_stages, r.bubble, 6) + _model(r.for_actions, r.bubble, 7)
+                  + f"{r.core_share:5.0%}" for r in self.rows]
         return "\n".join(lines)
+
+
+def _model(value: float | None, measured: float, width: int) -> str:
+    """A model's column and the measurement's distance from it ('-' where it was not recorded)."""
+    return (f"{value:{width}.3f} {measured - value:+6.3f} " if value is not None
+            else f"{'-':>{width}} {'-':>6} ")
 
 
 def _stages(rows: list[BubbleRow]) -> str:
@@ -150,9 +155,25 @@ def _stages(rows: list[BubbleRow]) -> str:
     first, last = rows[0], rows[-1]
     cost = " / ".join(f"{(f + b) * 1e3:.1f}" for f, b in last.stage_s)
     off = max((r.bubble - r.for_stages for r in rows), key=abs)
-    return (f"; for the stages as they ran (F + B per micro-batch {cost} ms at m={last.m}) the "
+    line = (f"; for the stages as they ran (F + B per micro-batch {cost} ms at m={last.m}) the "
             f"model gives {first.for_stages:.2f} → {last.for_stages:.2f}, measured at most "
             f"{off:+.2f} from it")
+    if all(r.for_actions is not None for r in rows):
+        off = max((r.bubble - r.for_actions for r in rows), key=abs)
+        line += f"; for every action as it ran, at most {off:+.2f}"
+    return line
+
+
+def bubble_for_actions(traces: list) -> float:
+    """The bubble of one recorded step if messages took no time: each rank replays its actions in
+    the order it ran them, with their measured durations, each as soon as the rank is free and
+    its input exists (``F i`` after ``F i`` on rank r-1, ``B i`` after ``B i`` on rank r+1).
+    Unlike the formula and the stage model it keeps how much each micro-batch's action varied;
+    the measurement's excess over it is the messages and the Python between the actions."""
+    took = {(t.rank, kind, i): b - a for t in traces for kind, i, a, b in t.events}
+    events = lay_out([[(kind, i) for kind, i, _, _ in t.events] for t in traces],
+                     lambda rank, kind, i: took[rank, kind, i])
+    return 1 - sum(took.values()) / (len(traces) * max(end for *_, end in events))
 
 
 def report_verdict(report) -> str:
@@ -186,7 +207,9 @@ def _sweep_rank(config: GPTConfig, schedules: Sequence[str], ms: Sequence[int], 
                 steps: int, pin: bool, ops: Callable | None) -> tuple:
     if pin:
         devices.pin_cores(dist.get_rank(), 1)
-    overhead = _overhead((micro_batch, config.seq_len, config.d_model), 20)
+    # the smallest of three medians: at times this VM wakes an idle core 1-2 ms late (a stall the
+    # `actions` column shows where it happens during the run), not a cost of the message itself
+    overhead = min(_overhead((micro_batch, config.seq_len, config.d_model), 20) for _ in range(3))
     runs = {(s, m): pipeline_rank(config, s, m, m * micro_batch, 0, steps, 1, False, ops)
             for s in schedules for m in ms}
     return overhead, runs
@@ -195,13 +218,13 @@ def _sweep_rank(config: GPTConfig, schedules: Sequence[str], ms: Sequence[int], 
 def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
                          schedules: Sequence[str] = SCHEDULES,
                          config: GPTConfig | str = BUBBLE_CONFIG, micro_batch: int = 2,
-                         steps: int = 3, pin: bool = True, ops: Callable | None = None,
+                         steps: int = 5, pin: bool = True, ops: Callable | None = None,
                          timeout: float = 120.0) -> BubbleSweep:
     """GPipe and 1F1B at every ``m`` in ``ms`` on ``p`` ranks, one launch; see the module doc.
 
     Micro-batches keep ``micro_batch`` sequences at every m, so the compute per action (and its
     ratio to the overhead) stays the same while m grows. Each (schedule, m) runs one warm-up
-    step then ``steps`` recorded ones; the row keeps the median bubble. ``pin=True`` (needs
+    step then ``steps`` recorded ones; the row keeps the step whose bubble is the median. ``pin=True`` (needs
     ``p`` usable cores, checked before starting) gives each rank a core of its own.
     """
     config = get_config(config)
@@ -228,6 +251,7 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
             steps_traces = list(zip(*(runs[(s, m)] for _, runs in per_rank)))
             budgets = [measured_bubble(list(traces)) for traces in steps_traces]
             bubbles = [b.bubble_fraction for b in budgets]
+            kept = sorted(range(len(bubbles)), key=bubbles.__getitem__)[len(bubbles) // 2]
             cpu = sum(sum(t.cpu) for traces in steps_traces for t in traces)
             wall = sum(sum(b.compute) for b in budgets)
             action = statistics.median(sum(b.compute) / (p * m) for b in budgets)
@@ -235,8 +259,9 @@ def measure_bubble_sweep(p: int = 2, ms: Sequence[int] = (1, 2, 4, 8),
                         for r in range(p)]
             costs = [stage_costs(list(traces)) for traces in steps_traces]  # (F, B) per step
             stage = [[statistics.median(c[k][r] for c in costs) for k in (0, 1)] for r in range(p)]
-            sweep.rows.append(BubbleRow(s, m, statistics.median(bubbles), bubble_formula(p, m),
-                                        bubbles, cpu / wall, action, rank_cpu, stage))
+            sweep.rows.append(BubbleRow(s, m, bubbles[kept], bubble_formula(p, m), bubbles,
+                                        cpu / wall, action, rank_cpu, stage,
+                                        bubble_for_actions(list(steps_traces[kept]))))
     return sweep
 
 

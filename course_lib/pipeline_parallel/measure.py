@@ -21,7 +21,8 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
-from course_lib.pipeline_parallel.schedules import Stage, run_schedule, schedule_ops, validate_pipeline
+from course_lib.pipeline_parallel.schedules import (Stage, lay_out, run_schedule, schedule_ops,
+                                                    validate_pipeline)
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble_formula",
@@ -41,15 +42,15 @@ def bubble_formula(p: int, m: int) -> float:
 
 def bubble_for_stages(schedule: str, m: int, forward_s: list, backward_s: list) -> float:
     """The same idle fraction when stage ``r``'s forward and backward of one micro-batch take
-    ``forward_s[r]`` and ``backward_s[r]``: the slowest stage sets the pace. GPipe's forward
-    and backward phases each take the sum over the stages plus (m-1) of the slowest one;
-    1F1B's steady state runs at the slowest F + B. Equal stages give ``(p-1)/(m+p-1)``."""
+    ``forward_s[r]`` and ``backward_s[r]``: the schedule's actions laid out with those costs
+    (:func:`~course_lib.pipeline_parallel.schedules.lay_out`). The slowest stage sets the pace:
+    GPipe's forward and backward phases each take the sum over the stages plus (m-1) of the
+    slowest one; 1F1B's steady state runs at the slowest F + B. Equal stages give
+    ``(p-1)/(m+p-1)``."""
     p, total = len(forward_s), sum(forward_s) + sum(backward_s)
-    if schedule == "gpipe":
-        span = total + (m - 1) * (max(forward_s) + max(backward_s))
-    else:
-        span = total + (m - 1) * max(f + b for f, b in zip(forward_s, backward_s))
-    return 1 - m * total / (p * span)
+    orders = [schedule_ops(schedule, p, m, rank) for rank in range(p)]
+    events = lay_out(orders, lambda rank, kind, i: (forward_s if kind == "F" else backward_s)[rank])
+    return 1 - m * total / (p * max(end for *_, end in events))
 
 
 def stage_costs(traces: list[StageTrace]) -> tuple[list, list]:

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 
 from course_lib.common.checks import positive_int
 from course_lib.display import DPI, FONT_MIN, PALE, PALETTE
-from course_lib.pipeline_parallel.schedules import schedule_ops
+from course_lib.pipeline_parallel.schedules import lay_out, schedule_ops
 from course_lib.common.plots import legible
 
 __all__ = ["ideal_timeline", "plot_schedule"]
@@ -35,26 +35,7 @@ def ideal_timeline(schedule: str = "1f1b", p: int = 4, m: int = 8, ops: Callable
         if sorted(order) != want:
             raise ValueError(f"rank {rank}'s order must hold every ('F', i) and ('B', i) for i "
                              f"< {m} exactly once; it has {len(order)} operations")
-    done, free, nxt, events = {}, [0.0] * p, [0] * p, []
-    while any(nxt[r] < 2 * m for r in range(p)):
-        moved = False
-        for rank in range(p):
-            if nxt[rank] == 2 * m:
-                continue
-            kind, i = orders[rank][nxt[rank]]
-            needs = [("F", i, rank - 1)] if kind == "F" and rank else []
-            if kind == "B":
-                needs = [("F", i, rank)] + ([("B", i, rank + 1)] if rank < p - 1 else [])
-            if all(n in done for n in needs):
-                start = max([free[rank]] + [done[n] for n in needs])
-                end = start + (forward_cost if kind == "F" else backward_cost)
-                done[kind, i, rank], free[rank] = end, end
-                events.append((rank, kind, i, start, end))
-                nxt[rank] += 1
-                moved = True
-        if not moved:
-            stuck = [f"rank {r} waits before {orders[r][nxt[r]]}" for r in range(p) if nxt[r] < 2 * m]
-            raise ValueError("this order deadlocks: " + "; ".join(stuck))
+    events = lay_out(orders, lambda rank, kind, i: forward_cost if kind == "F" else backward_cost)
     span = max(end for *_, end in events)
     busy = m * (forward_cost + backward_cost)
     in_flight = []

@@ -6,10 +6,10 @@ the embeddings, the last ``ln_f``, ``lm_head`` and the loss); a batch is cut int
 micro-batches' activations. **1F1B**: after ``p - rank - 1`` warm-up forwards a stage
 alternates one forward and one backward, holding at most ``p - rank``. Both have the same
 **bubble**, ``(p-1)/(m+p-1)`` of the step when all micro-batches cost the same.
-:func:`run_schedule` is the plain loop; one micro-batch's receive, forward and backward is
-:class:`StageSteps`, which :mod:`~course_lib.pipeline_parallel.trace` times from outside. Sends
-use ``dist.isend`` (waiting for the neighbour to be ready to receive would deadlock 1F1B);
-receives block.
+:func:`run_schedule` is the plain loop, :class:`StageSteps` one micro-batch's receive, forward
+and backward (timed from outside by :mod:`~course_lib.pipeline_parallel.trace`); sends are
+``isend`` (a blocking one deadlocks 1F1B), the next receive is posted before each compute.
+:func:`lay_out` places the actions on an ideal machine.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig
 
 __all__ = ["Stage", "validate_pipeline", "check_pipeline", "schedule_ops", "SCHEDULES", "StageSteps",
-           "run_schedule"]
+           "run_schedule", "lay_out"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -89,6 +89,35 @@ def schedule_ops(schedule: str, p: int, m: int, rank: int) -> list[tuple[str, in
     return ops + [("B", i) for i in range(m - warmup, m)]   # cool-down
 
 
+def lay_out(orders: list, cost: Callable[[int, str, int], float]) -> list:
+    """Each rank's actions in its order (``orders[rank]``), each taking ``cost(rank, kind, i)``
+    and starting as soon as the rank is free and its inputs exist (``F i`` after ``F i`` on rank
+    r-1; ``B i`` after this rank's ``F i`` and ``B i`` on rank r+1), messages taking no time:
+    ``[(rank, kind, i, start, end)]``. ``ValueError`` names where orders wait on each other."""
+    p = len(orders)
+    done, free, nxt, events = {}, [0.0] * p, [0] * p, []
+    while any(nxt[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for rank in range(p):
+            while nxt[rank] < len(orders[rank]):
+                kind, i = orders[rank][nxt[rank]]
+                needs = [("F", i, rank - 1)] if kind == "F" and rank else []
+                if kind == "B":
+                    needs = [("F", i, rank)] + ([("B", i, rank + 1)] if rank < p - 1 else [])
+                if not all(n in done for n in needs):
+                    break
+                start = max([free[rank]] + [done[n] for n in needs])
+                done[kind, i, rank] = free[rank] = start + cost(rank, kind, i)
+                events.append((rank, kind, i, start, free[rank]))
+                nxt[rank] += 1
+                moved = True
+        if not moved:
+            stuck = [f"rank {r} waits before {orders[r][nxt[r]]}" for r in range(p)
+                     if nxt[r] < len(orders[r])]
+            raise ValueError("this order deadlocks: " + "; ".join(stuck))
+    return events
+
+
 class StageSteps:
     """What one stage does for one micro-batch: receive, forward, backward.
 
@@ -99,11 +128,19 @@ class StageSteps:
 
     def __init__(self, stage: Stage, micro_targets: list) -> None:
         self.stage, self.targets = stage, micro_targets
+        self.posted: dict = {}               # (kind, i) -> (buffer, the irecv's work)
+
+    def post(self, kind: str, i: int, shape: tuple[int, ...], src: int) -> None:
+        """Start receiving the activation (``kind`` "F") or gradient ("B") of micro-batch ``i``."""
+        x = torch.empty(shape)
+        self.posted[(kind, i)] = (x, dist.irecv(x, src=src))
 
     def recv(self, kind: str, i: int, shape: tuple[int, ...], src: int) -> torch.Tensor:
-        """The activation (``kind`` "F") or gradient ("B") of micro-batch ``i``, from ``src``."""
-        x = torch.empty(shape)
-        dist.recv(x, src=src)                # blocks: waiting here is idle time
+        """That tensor, from ``src``, once it has arrived (posting its receive first if needed)."""
+        if (kind, i) not in self.posted:
+            self.post(kind, i, shape, src)
+        x, work = self.posted.pop((kind, i))
+        work.wait()                          # blocks: waiting here is idle time
         return x
 
     def forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
@@ -127,14 +164,17 @@ def run_schedule(steps: StageSteps, schedule: str, micro_inputs: list, act_shape
     (:func:`schedule_ops`, or a notebook's copy).
     """
     stage, rank, p = steps.stage, dist.get_rank(), dist.get_world_size()
-    m = len(micro_inputs)
-    stash, sends, losses = {}, [], []        # stash: micro-batch -> (input, output)
-    for kind, i in ops(schedule, p, m, rank):
+    order = ops(schedule, p, len(micro_inputs), rank)
+    peer = {"F": None if stage.first else rank - 1, "B": None if stage.last else rank + 1}
+    receives = [(k, i) for k, i in order if peer[k] is not None]   # this rank's, in order
+    stash, sends, losses, taken = {}, [], [], 0   # stash: micro-batch -> (input, output)
+    for kind, i in order:
+        got = None if peer[kind] is None else steps.recv(kind, i, act_shape, peer[kind])
+        taken += got is not None
+        if taken < len(receives) and receives[taken] not in steps.posted:   # the next one, now
+            steps.post(*receives[taken], act_shape, peer[receives[taken][0]])
         if kind == "F":
-            if stage.first:
-                x = micro_inputs[i]
-            else:
-                x = steps.recv("F", i, act_shape, rank - 1).requires_grad_()
+            x = micro_inputs[i] if stage.first else got.requires_grad_()
             y = steps.forward(i, x)
             if stage.last:
                 losses.append(y.item())
@@ -143,8 +183,7 @@ def run_schedule(steps: StageSteps, schedule: str, micro_inputs: list, act_shape
             stash[i] = (x, y)
         else:
             x, y = stash.pop(i)
-            grad = None if stage.last else steps.recv("B", i, act_shape, rank + 1)
-            steps.backward(i, y, grad)
+            steps.backward(i, y, got)        # got: dLoss/dy from the next stage (None: a loss)
             if not stage.first:
                 sends.append((dist.isend(x.grad, dst=rank - 1), x))
     for work, _ in sends:
