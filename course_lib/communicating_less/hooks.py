@@ -74,3 +74,30 @@ def predicted_payload(shapes, name: str) -> int:
         small = _compressed(torch.Size(shape), r)
         total += 4 * (torch.Size(shape).numel() if small is None else small)
     return total
+
+
+def resnet18_cifar_shapes(classes: int = 10) -> list[torch.Size]:
+    """Parameter shapes of ResNet-18 for 32×32 images (He et al. 2016; the CIFAR variant PowerSGD's
+    paper trains): a 3×3 stem, four stages of two basic blocks (64-512 channels), a 1×1
+    projection where a block changes shape, batch norms, a linear head. No tensor is allocated."""
+    def conv_bn(c_out, c_in, k):
+        return [torch.Size([c_out, c_in, k, k]), torch.Size([c_out]), torch.Size([c_out])]
+    shapes, c_in = conv_bn(64, 3, 3), 64
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            shapes += conv_bn(width, c_in, 3) + conv_bn(width, width, 3)
+            if block == 0 and (stage > 0 or c_in != width):
+                shapes += conv_bn(width, c_in, 1)
+            c_in = width
+    return shapes + [torch.Size([classes, 512]), torch.Size([classes])]
+
+
+def powersgd_ratio(shapes, r: int) -> float:
+    """How many times fewer numbers PowerSGD at rank ``r`` all-reduces than the plain
+    all-reduce for gradients of ``shapes`` (torch's rule: 1-D tensors, and matrices that would
+    not shrink twice, go whole)."""
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise ValueError(f"the rank r must be an int >= 1, got {r!r}")
+    sizes = [torch.Size(s) for s in shapes]
+    sent = sum(_compressed(s, r) or s.numel() for s in sizes)
+    return sum(s.numel() for s in sizes) / sent

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from course_lib.common.models import MLP
-from course_lib.communicating_less.hooks import HOOKS, predicted_payload
+from course_lib.communicating_less.hooks import (HOOKS, powersgd_ratio, predicted_payload,
+                                               resnet18_cifar_shapes)
 from course_lib.communicating_less.measure import SIZES, compare_hooks
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
@@ -41,3 +42,26 @@ def test_bytes_on_the_sockets_match_the_prediction(rows, hook):
 def test_compressed_loss_near_uncompressed(rows, hook):
     base = rows["allreduce"]["loss"]
     assert abs(rows[hook]["loss"] - base) <= LOSS_DISTANCE * base
+
+
+def test_resnet18_has_the_papers_parameter_count():
+    # 11,173,962: ResNet-18 for CIFAR-10 as the PowerSGD authors' code builds it
+    # (epfml/powersgd f07be92, paper-code/tasks/cifar_architectures/resnet.py)
+    shapes = resnet18_cifar_shapes()
+    assert len(shapes) == 62 and sum(s.numel() for s in shapes) == 11_173_962
+
+
+@pytest.mark.parametrize("r, budget", [(1, 244), (2, 136)])
+def test_powersgd_on_resnet18_matches_the_authors_top_k_budgets(r, budget):
+    # The authors' Top-K baselines: compression=1/244 (gradient_reducers.py's default) and
+    # "Top K (136x)" beside "Rank 2" (schedule/neurips19/ef_compressors.py)
+    assert powersgd_ratio(resnet18_cifar_shapes(), r) == pytest.approx(budget, rel=0.005)
+
+
+def test_powersgd_ratio_sends_biases_and_small_matrices_whole():
+    # 4x4 at r = 4 does not shrink: 16 + 4 numbers sent for 20
+    assert powersgd_ratio([torch.Size([4, 4]), torch.Size([4])], 4) == 1.0
+    # 100x100 at r = 1: 200 numbers for 10,000, the bias whole
+    assert powersgd_ratio([torch.Size([100, 100]), torch.Size([100])], 1) == 10_100 / 300
+    with pytest.raises(ValueError, match="rank r must be an int >= 1"):
+        powersgd_ratio([torch.Size([4, 4])], 0)
