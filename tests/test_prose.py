@@ -59,6 +59,7 @@ CORRECTED = {
     r"NCCL on GPUs where present; the same notebook picks":
         "cells build CPU tensors; ProcessGroupNCCL moves CUDA tensors only",
     r"H = 1, 4, 16 over the slow link": "chapter 11 times H = 1 and 8 over the shaped link",
+    r"wall time for H = 1 and 8": "chapter 11 times H = 1 and 4 over the shaped link (cell 15004df1)",
     r"the step during which its peer died commits nothing":
         "chapter 11's output shows 0 redone: only a step whose all-reduce fails is redone",
     r'sees "not yet" under each exercise': "feedback reads TO DO / NOT YET / PASS",
