@@ -28,7 +28,7 @@ from course_lib.common.models import GPT, MLP, GPTConfig
 from course_lib.common.published import GPU_REFERENCE_PATH
 from course_lib.launcher.launch import run
 from course_lib.pipeline_parallel.measure import bubble_formula, measured_bubble
-from course_lib.pipeline_parallel.schedules import Stage, run_schedule
+from course_lib.pipeline_parallel.schedules import Stage, StageSteps, run_schedule
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
 
 SIZES = {"gpu": dict(mlp=(4096, 8192, 8192, 8192, 4096), batch=256, gpt=GPTConfig(
@@ -99,10 +99,13 @@ class _DeviceSteps(TracedSteps):
         super().__init__(stage, targets, trace)
         self.dev = dev
 
+    def post(self, kind, i, shape, src):  # run_schedule posts a receive ahead; recv waits on it
+        x = torch.empty(shape, device=self.dev)
+        self.posted[(kind, i)] = (x, dist.irecv(x, src=src))
+
     def recv(self, kind, i, shape, src):
         start = time.perf_counter()
-        x = torch.empty(shape, device=self.dev)
-        dist.recv(x, src=src)
+        x = StageSteps.recv(self, kind, i, shape, src)
         _sync(self.dev)
         self.trace.waits.append((kind, i, start, time.perf_counter()))
         return x
