@@ -2,7 +2,7 @@
 
 Register with ``-p tests.nbval_times`` (pyproject ``addopts``). ``--durations`` lists the slowest
 cells; this sums setup (the kernel start), call and teardown of every item of a notebook, so the
-compass budget (all notebooks <= 8 min on the 2-core machine) can be read off one table.
+budget (the whole course <= 6 min on the 2-core machine at load <= 2) can be read off one table.
 """
 from __future__ import annotations
 

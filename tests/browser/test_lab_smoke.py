@@ -76,6 +76,8 @@ def lab(tmp_path_factory):
                 cell["outputs"], cell["execution_count"] = [], None
         path.write_text(json.dumps(notebook))
     port, token = _free_port(), secrets.token_hex(16)
+    log = tmp_path_factory.mktemp("lab-log") / "server.log"  # read on failure; a pipe nobody
+    server_log = log.open("wb")                             # drained would block the server
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("lab-workspaces"))}
     proc = subprocess.Popen(
@@ -83,7 +85,8 @@ def lab(tmp_path_factory):
          f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0", "--allow-root",
          f"--ServerApp.root_dir={served}", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
          "jupyterlab.NeverCheckForUpdate"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        env=env, stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True)
+    server_log.close()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -92,12 +95,12 @@ def lab(tmp_path_factory):
             break
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode()[-2000:])
+                raise RuntimeError(log.read_text(errors="replace")[-2000:])
             time.sleep(0.5)
     else:
         raise RuntimeError("JupyterLab did not start")
     _share_one_kernel(base, token)
-    yield base, token, served / "notebooks"
+    yield base, token, served / "notebooks", log
     proc.terminate()
     try:
         proc.wait(15)
@@ -206,9 +209,38 @@ def _view_of(output) -> str:
     return text + "|" + "|".join(images)
 
 
+def _errors(page):
+    """The error outputs (tracebacks) in the notebook on screen."""
+    return page.locator(f'{PANEL} .jp-OutputArea-output[data-mime-type="application/vnd.jupyter'
+                        f'.error"], {PANEL} .jp-RenderedText[data-mime-type="application/vnd.'
+                        'jupyter.error"]')
+
+
+def _page_report(page, indices: list[int], log: Path) -> str:
+    """What the notebook on screen shows: the kernel's status, any dialog, and each cell's prompt
+    and output text (an error's traceback included), for the cells the test ran; then the last
+    lines of the server's log (a kernel that died and restarted says so there)."""
+    try:
+        cells = page.locator(f"{PANEL} .jp-Cell")
+        indicator = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator")
+        lines = [f"kernel status: {indicator.first.get_attribute('data-status') if indicator.count() else None}"]
+        for dialog in page.locator(".jp-Dialog").all():
+            lines.append(f"dialog: {dialog.inner_text()[:500]!r}")
+        for i in indices:
+            cell = cells.nth(i)
+            prompt = cell.locator(".jp-InputPrompt").first.inner_text().strip()
+            output = cell.locator(".jp-OutputArea").first
+            text = output.inner_text()[-3000:] if output.count() else "(no output area)"
+            lines.append(f"cell {i} {prompt} output: {text!r}")
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        return "\n".join(lines + ["server log, last lines:"] + tail)
+    except Exception as err:  # pragma: no cover - the report must never hide the failure
+        return f"(no page report: {err!r})"
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_open_notebook_run_to_the_widget_and_move_it(lab, page, name):
-    base, token, served = lab
+    base, token, served, log = lab
     index, needed = _widget_cell(served / name)  # the served copy: the repo may change meanwhile
     start, phases = time.monotonic(), []
 
@@ -233,6 +265,7 @@ def test_open_notebook_run_to_the_widget_and_move_it(lab, page, name):
         time.sleep(1)
         _wait_idle(page, 240)
         phase(f"{len(needed) + 1} cells run")
+        assert _errors(page).count() == 0, f"{name}: a cell shows an error (its text is above)"
         widget = target.locator(".jupyter-widgets").first
         widget.wait_for(timeout=60_000)
         before = _view_of(target.locator(".jp-OutputArea").first)
@@ -261,12 +294,13 @@ def test_open_notebook_run_to_the_widget_and_move_it(lab, page, name):
         phase("widget changed")
         page.screenshot(path=str(SHOTS / f"{name[:-6]}-after.png"))
         assert after != before, f"{name}: moving the widget changed nothing on screen"
-        errors = page.locator(f'{PANEL} .jp-OutputArea-output[data-mime-type="application/vnd.jupyter'
-                              f'.error"], {PANEL} .jp-RenderedText[data-mime-type="application/vnd.'
-                              'jupyter.error"]')
+        errors = _errors(page)
         assert errors.count() == 0, f"{name}: a cell shows an error: {errors.first.inner_text()[:500]}"
         prompt = target.locator(".jp-InputPrompt").first.inner_text()
         assert re.fullmatch(r"\[\d+\]:", prompt.strip()), f"{name}: the widget cell did not run"
+    except Exception:  # say what the page showed: a CI failure is read from its log alone
+        print(_page_report(page, needed + [index], log))
+        raise
     finally:
         print(f"{name}: " + ", ".join(phases))  # where the seconds go (shown with -s or -rA)
         SHOTS.mkdir(parents=True, exist_ok=True)
