@@ -60,6 +60,15 @@ def _compressed(shape: torch.Size, r: int, min_rate: float = 2.0) -> int | None:
     return small if small * min_rate < rows * cols else None
 
 
+def _powersgd_elements(shapes, r: int) -> int:
+    """Elements one step of PowerSGD at rank ``r`` all-reduces for gradients of ``shapes``."""
+    total = 0
+    for shape in shapes:
+        small = _compressed(torch.Size(shape), r)
+        total += torch.Size(shape).numel() if small is None else small
+    return total
+
+
 def predicted_payload(shapes, name: str) -> int:
     """Bytes one step's all-reduces carry (summed over buckets) for gradients of ``shapes``."""
     validate_hook(name)
@@ -69,11 +78,7 @@ def predicted_payload(shapes, name: str) -> int:
     r = powersgd_rank(name)
     if not r:
         return 4 * numel
-    total = 0
-    for shape in shapes:
-        small = _compressed(torch.Size(shape), r)
-        total += 4 * (torch.Size(shape).numel() if small is None else small)
-    return total
+    return 4 * _powersgd_elements(shapes, r)
 
 
 def resnet18_cifar_shapes(classes: int = 10) -> list[torch.Size]:
@@ -99,5 +104,4 @@ def powersgd_ratio(shapes, r: int) -> float:
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise ValueError(f"the rank r must be an int >= 1, got {r!r}")
     sizes = [torch.Size(s) for s in shapes]
-    sent = sum(_compressed(s, r) or s.numel() for s in sizes)
-    return sum(s.numel() for s in sizes) / sent
+    return sum(s.numel() for s in sizes) / _powersgd_elements(sizes, r)
