@@ -265,7 +265,7 @@ def test_open_notebook_run_to_the_widget_and_move_it(lab, page, name):
         time.sleep(1)
         _wait_idle(page, 240)
         phase(f"{len(needed) + 1} cells run")
-        assert _errors(page).count() == 0, f"{name}: a cell shows an error (its text is above)"
+        assert _errors(page).count() == 0, f"{name}: a cell shows an error (its traceback is in the captured output)"
         widget = target.locator(".jupyter-widgets").first
         widget.wait_for(timeout=60_000)
         before = _view_of(target.locator(".jp-OutputArea").first)
