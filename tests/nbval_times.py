@@ -1,8 +1,9 @@
 """pytest plugin: seconds per notebook under nbval, printed at the end of the session.
 
 Register with ``-p tests.nbval_times`` (pyproject ``addopts``). ``--durations`` lists the slowest
-cells; this sums setup (the kernel start), call and teardown of every item of a notebook, so the
-budget (the whole course <= 6 min on the 2-core machine at load <= 2) can be read off one table.
+cells; this sums setup (the kernel start), call and teardown of every item of a notebook, so a
+run on a 2-core machine at load <= 2 reads against the budget (the whole course <= 6 min) in one
+table.
 """
 from __future__ import annotations
 
