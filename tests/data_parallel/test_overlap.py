@@ -16,13 +16,15 @@ from course_lib.data_parallel import overlap as ov
 from course_lib.launcher import netns, shaped_link
 from course_lib.launcher.devices import usable_cores
 
-#: The notebook's verdict says "as predicted" when overlap hid at least this share of the
-#: communication time.
+#: The notebook's verdict says "as predicted" when overlap saved at least this share of the
+#: most the model lets it save, min(compute, comm).
 HIDDEN_AT_LEAST = 0.25
-#: What the test asserts: the overlapped step beats the serial one by at least this share. With
-#: jumbo frames on the veth (``netns.MTU``) six idle runs saved 32-42 % of the communication; at
-#: 1500 bytes, where the kernel's packet work competed with backward for the core, 20-54 %, and
-#: overlap hid as little as 10 % (docs/decisions.md).
+#: What the test asserts: the overlapped step beats the serial one by at least this share of
+#: min(compute, comm). With jumbo frames on the veth (``netns.MTU``) six idle runs saved 32-42 %
+#: of the communication, then about as long as compute; at 1500 bytes, where the kernel's packet
+#: work competed with backward for the core, 20-54 %, and overlap hid as little as 10 %. On a
+#: faster machine (compute 48 ms, the wire's comm 70 ms) 21-29 % of comm, 31-41 % of compute
+#: (docs/decisions.md, "Overlap's yardstick").
 BEATS_SERIAL_BY = 0.20
 
 
@@ -49,13 +51,14 @@ def test_overlapped_step_beats_the_serial_one_by_a_share_of_the_communication(me
     wire_floor = 4 * m["n_params"] * 8 / 500e6  # each rank sends 4Ψ bytes at p = 2
     assert m["comm_s"] >= 0.8 * wire_floor, m  # the link, not the CPU, sets the all-reduce time
     assert m["step_serial_s"] >= m["compute_s"] + 0.5 * m["comm_s"], m  # serial pays for comm
-    assert m["step_serial_s"] - m["step_overlapped_s"] >= BEATS_SERIAL_BY * m["comm_s"], m
+    most = min(m["compute_s"], m["comm_s"])  # the model's largest saving: serial - max(...)
+    assert m["step_serial_s"] - m["step_overlapped_s"] >= BEATS_SERIAL_BY * most, m
     busy = m["core_share"] < ov.MIN_CORE_SHARE  # CI's loaded rerun: busy loops on both cores
     verdict = ov.overlap_verdict(m, HIDDEN_AT_LEAST)
     if busy:
         assert "other programs took the cores" in verdict, m
     else:
-        hid = (m["step_serial_s"] - m["step_overlapped_s"]) / m["comm_s"]
+        hid = (m["step_serial_s"] - m["step_overlapped_s"]) / most
         assert ("as predicted" in verdict) == (hid >= HIDDEN_AT_LEAST), (verdict, m)
 
 
