@@ -95,6 +95,18 @@ class WarmServer:
     def alive(self) -> bool:
         return self.proc.poll() is None and self.owner_pid == os.getpid()
 
+    def close(self, grace: float = 5.0) -> None:
+        """End the server: close its lifeline (it exits at once), kill it if it has not after
+        ``grace`` seconds, and reap it. Its ranks are gone by then (no run holds it)."""
+        try:
+            self.sock.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=grace)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
     def fork(self, jobs: list, fds: list[list[int]], preimport: tuple[str, ...] = ()) -> list[int]:
         """Ask the server to fork one rank per job, running ``_worker.main(job, fds)``; return
         the pids in job order.

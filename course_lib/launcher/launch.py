@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,23 +33,98 @@ from course_lib.launcher._warm import WarmServer, preimports_of
 __all__ = ["run", "RankError", "RunReport", "warm_up"]
 
 
+def idle_seconds() -> float:
+    """How long the warm server may sit unused before it ends and gives its memory back.
+
+    ``COURSE_HELPER_IDLE_SECONDS`` (default 120): a chapter left open for two minutes then holds
+    only its kernel, not a second process with torch loaded (about half a GiB). The next ``run``
+    starts a fresh server and waits for it (the wait: ``benchmarks/bench_launch.py``). ``0``
+    or a negative value: never end it.
+    """
+    raw = os.environ.get("COURSE_HELPER_IDLE_SECONDS", "120")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"COURSE_HELPER_IDLE_SECONDS must be a number of seconds, got {raw!r}") \
+            from None
+
+
 class _ServerCache:
-    """The one warm server of this process, started on first use (restarted if it died)."""
+    """The one warm server of this process, started on first use (restarted if it died).
+
+    A watcher thread ends the server once no ``run`` has used it for :func:`idle_seconds`; it
+    takes the same lock as :meth:`get`, and a run in flight holds it busy (:meth:`using`), so a
+    server is never ended under a run that is about to fork from it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._server: WarmServer | None = None
+        self._swept = False
+        self._busy = 0
+        self._last_used = time.monotonic()
+        self._may_idle = True  # False for a server forked from this process (serve_from_here)
+        self._watcher: threading.Thread | None = None
 
     def get(self, wait: bool = True) -> WarmServer:
         """The server, started if needed; ready to fork unless ``wait=False``."""
         with self._lock:
             if self._server is None or not self._server.alive():
-                if self._server is None:  # once per kernel: folders of killed kernels go
+                if not self._swept:  # once per kernel: folders of killed kernels go
                     sweep_stale_run_dirs()
+                    self._swept = True
                 self._server = WarmServer.start(wait=False)
-            if wait:
-                self._server.wait_ready()
-            return self._server
+                self._may_idle = True
+                self._last_used = time.monotonic()
+                self._watch()
+            self._last_used = time.monotonic()  # asking for it counts as using it
+            server = self._server
+        if wait:
+            server.wait_ready()
+        return server
+
+    @contextmanager
+    def using(self):
+        """The server, held busy (the idle watcher leaves it alone) until the block ends."""
+        with self._lock:
+            self._busy += 1
+        try:
+            yield self.get()
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self._last_used = time.monotonic()
+
+    def _watch(self) -> None:
+        """Start the idle watcher once (called with the lock held)."""
+        if idle_seconds() <= 0 or (self._watcher is not None and self._watcher.is_alive()):
+            return
+        self._watcher = threading.Thread(target=self._end_when_idle, name="course-idle-server",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _end_when_idle(self) -> None:
+        owner = os.getpid()
+        while True:
+            limit = idle_seconds()
+            if limit <= 0:
+                return
+            time.sleep(min(5.0, max(limit / 4, 0.05)))
+            if os.getpid() != owner:  # a fork of this process: not its server
+                return
+            with self._lock:
+                server = self._server
+                if server is None or not server.alive() or not self._may_idle:
+                    continue
+                if self._busy or time.monotonic() - self._last_used < limit:
+                    continue
+                self._server = None
+            server.close()
+
+    def mark_forked(self, server: WarmServer) -> None:
+        """Adopt a server forked from this process: it is never ended for idleness."""
+        with self._lock:
+            self._server, self._may_idle = server, False
 
 
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
@@ -58,8 +134,7 @@ def serve_from_here() -> None:
     """From now on fork this process's ranks from a copy of it (``_fork_here``), not from a
     fresh interpreter: for a child that imported torch itself. Call it while no thread runs."""
     from course_lib.launcher._fork_here import fork_server
-    with _SERVERS._lock:
-        _SERVERS._server = fork_server()
+    _SERVERS.mark_forked(fork_server())
 
 
 def warm_up(wait: bool = True) -> None:
@@ -150,8 +225,17 @@ def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes
     phases = [("called", start), ("checked and pickled", time.monotonic())]
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
                "debug": debug}
-    server = _SERVERS.get()
-    phases.append(("server ready", time.monotonic()))
+    with _SERVERS.using() as server:
+        phases.append(("server ready", time.monotonic()))
+        return _launch_on(server, fn, placement, payload, timeout, report, start, debug, phases,
+                          context)
+
+
+def _launch_on(server: WarmServer, fn: Callable[..., Any], placement: devices.Placement,
+               payload: bytes, timeout: float, report: RunReport | None, start: float,
+               debug: str | None, phases: list, context: dict) -> list:
+    """:func:`_launch` once the server is ready and held busy."""
+    nprocs = placement.nprocs
     workdir = make_run_dir()
     lifeline_r, lifeline_w = os.pipe()
     ranks: list[Rank] = []

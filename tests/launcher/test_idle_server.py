@@ -1,0 +1,61 @@
+"""A chapter left idle gives its warm server's memory back, and the next ``run`` starts a fresh one.
+
+Issue 50: every open chapter kept a second process with torch loaded (0.44-0.54 GiB), so a few
+chapters left open filled a learner's pod. The server now ends after ``COURSE_HELPER_IDLE_SECONDS``
+without a run; these tests use 1 s instead of the default 120 s.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+from course_lib.launcher import launch
+from course_lib.launcher.launch import run
+from processes import wait_gone
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    monkeypatch.setenv("COURSE_HELPER_IDLE_SECONDS", "1")
+    fresh = launch._ServerCache()
+    monkeypatch.setattr(launch, "_SERVERS", fresh)
+    yield fresh
+    if fresh._server is not None:
+        fresh._server.close()
+
+
+def test_an_idle_server_ends_and_the_next_run_starts_a_fresh_one(cache):
+    assert run(dist.get_rank, 2) == [0, 1]
+    first = cache._server
+    assert first.alive()
+    # the watcher looks every 0.25 s here; allow a loaded machine many times that
+    assert wait_gone([first.proc.pid], timeout=30) == [], "the idle server was not ended"
+    assert cache._server is None
+    assert run(dist.get_world_size, 2) == [2, 2]  # a fresh server, the same answers
+    assert cache._server is not first and cache._server.alive()
+
+
+def test_a_run_longer_than_the_idle_time_is_never_cut(cache):
+    def slow():
+        time.sleep(3)  # three times the idle limit, with the server held busy all along
+        return dist.get_rank()
+
+    assert run(slow, 2) == [0, 1]
+    assert cache._server is not None and cache._server.alive()  # ended only after idling
+
+
+def test_zero_keeps_the_server(monkeypatch, cache):
+    monkeypatch.setenv("COURSE_HELPER_IDLE_SECONDS", "0")
+    assert run(dist.get_rank, 2) == [0, 1]
+    time.sleep(2)
+    assert cache._server is not None and cache._server.alive()
+
+
+def test_a_bad_idle_setting_is_named(monkeypatch):
+    monkeypatch.setenv("COURSE_HELPER_IDLE_SECONDS", "two minutes")
+    with pytest.raises(ValueError, match="COURSE_HELPER_IDLE_SECONDS must be a number"):
+        launch.idle_seconds()
