@@ -1,0 +1,185 @@
+"""How much memory a learner's pod needs: each chapter's peak PSS, as a Binder pod counts it.
+
+    python benchmarks/bench_pod_memory.py                 # every chapter, one kernel each
+    python benchmarks/bench_pod_memory.py 00 05 12        # some chapters
+    python benchmarks/bench_pod_memory.py --sequence 00 02 12   # kernels left open, one after another
+
+Each chapter runs in a fresh Jupyter kernel (``jupyter_client`` + ``nbclient``, every cell in
+order, as nbval and a learner do), then the widget settings its text invites (``INVITED``). A
+sampler thread adds up the proportional set size (PSS: each shared page divided among the
+processes that share it, close to what a pod's memory limit counts) of the kernel and every
+process below it — the warm rank server, the ranks, torchrun and its workers — every 20 ms, fast
+enough for a sub-second 8-rank run; the peak is printed beside the same peak plus an idle
+JupyterLab server, measured once at the start. ``--sequence`` leaves each kernel open and
+reports the peak over all of them while the last chapter runs (a learner who never shuts a
+chapter down). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``,
+120) is the warm server's idle limit; after each chapter the table shows what its kernel's
+helper processes hold once that limit has passed, if ``--wait-idle`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+
+import nbformat
+import psutil
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1024 ** 3
+
+# What each chapter's text invites a learner to try with its widget, beyond the defaults.
+INVITED = {
+    "12": ("from course_lib.capstone.show import train_widget\n"
+           "w = train_widget()\n"
+           "for name, value in (('layout', 'dp_shard 2 × tp 2'), ('preset', 'small'), "
+           "('train', True)):\n"
+           "    for c in w.children:\n"
+           "        if getattr(c, 'description', '') == name:\n"
+           "            c.value = value\n"),
+}
+
+
+def tree_pss(root_pids: list[int]) -> int:
+    """PSS in bytes of these processes and all their descendants (gone ones count 0)."""
+    total, seen = 0, set()
+    for pid in root_pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            continue
+        for proc in procs:
+            if proc.pid in seen:
+                continue
+            seen.add(proc.pid)
+            try:
+                total += proc.memory_full_info().pss
+            except psutil.Error:
+                pass
+    return total
+
+
+class Sampler:
+    """Peak of :func:`tree_pss` over a block, sampled every ``interval`` seconds."""
+
+    def __init__(self, roots: list[int], interval: float = 0.02):
+        self.roots, self.interval, self.peak, self._stop = roots, interval, 0, threading.Event()
+
+    def __enter__(self) -> "Sampler":
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_pss(self.roots))
+            self._stop.wait(self.interval)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_pss(self.roots))
+
+
+def idle_server_pss() -> int:
+    """PSS of an idle JupyterLab server on loopback (started, left 8 s, measured, stopped)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser",
+                             f"--port={port}", "--ip=127.0.0.1", "--allow-root",
+                             "--ServerApp.token=bench", f"--notebook-dir={ROOT}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(8)
+        return tree_pss([proc.pid])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_chapter(path: str, km: KernelManager, sampler_roots: list[int]) -> int:
+    """Execute every cell of ``path`` (and its invited widget settings) in ``km``'s kernel."""
+    nb = nbformat.read(path, as_version=4)
+    chapter = os.path.basename(path)[:2]
+    if chapter in INVITED:
+        nb.cells.append(nbformat.v4.new_code_cell(INVITED[chapter]))
+    client = NotebookClient(nb, km=km, timeout=600, allow_errors=False,
+                            resources={"metadata": {"path": os.path.dirname(path)}})
+    with Sampler(sampler_roots) as sampler:
+        client.execute()
+    return sampler.peak
+
+
+def start_kernel(idle: float | None) -> KernelManager:
+    # IPC sockets in a private folder: no TCP port another user of the machine could reach
+    km = KernelManager(kernel_name="python3", transport="ipc",
+                       ip=os.path.join(tempfile.mkdtemp(prefix="bench-kernel-"), "kernel"))
+    env = dict(os.environ)
+    if idle is not None:
+        env["COURSE_HELPER_IDLE_SECONDS"] = str(idle)
+    km.start_kernel(cwd=os.path.join(ROOT, "notebooks"), env=env)
+    return km
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
+    parser.add_argument("--sequence", action="store_true",
+                        help="leave each kernel open; peak over all while the last one runs")
+    parser.add_argument("--idle", type=float, default=None,
+                        help="the warm server's idle limit in seconds (default: the launcher's)")
+    parser.add_argument("--wait-idle", action="store_true",
+                        help="after each chapter wait the idle limit + 10 s and measure the "
+                             "helper processes left")
+    args = parser.parse_args()
+    paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
+    if args.chapters:
+        paths = [p for p in paths if os.path.basename(p)[:2] in args.chapters]
+    server = idle_server_pss()
+    print(f"{date.today()}, {platform.node()}, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}; idle JupyterLab server: {server / GIB:.2f} GiB PSS")
+    print(f"{'chapter':<36}{'kernel+children':>16}{'+ server':>10}{'idle helper':>13}")
+    open_kernels: list[KernelManager] = []
+    try:
+        for path in paths:
+            km = start_kernel(args.idle)
+            open_kernels.append(km)
+            kernel_pid = km.provisioner.process.pid
+            roots = [k.provisioner.process.pid for k in open_kernels] if args.sequence \
+                else [kernel_pid]
+            peak = run_chapter(path, km, roots)
+            left = ""
+            if args.wait_idle:
+                limit = args.idle if args.idle is not None else float(
+                    os.environ.get("COURSE_HELPER_IDLE_SECONDS", "120"))
+                time.sleep(limit + 10)
+                helpers = psutil.Process(kernel_pid).children(recursive=True)
+                left = f"{tree_pss([p.pid for p in helpers]) / GIB:.2f} GiB"
+            print(f"{os.path.basename(path):<36}{peak / GIB:>12.2f} GiB{(peak + server) / GIB:>7.2f}"
+                  f" GiB{left:>13}", flush=True)
+            if not args.sequence:
+                km.shutdown_kernel(now=True)
+                open_kernels.remove(km)
+    finally:
+        for km in open_kernels:
+            km.shutdown_kernel(now=True)
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), "bench-kernel-*")):
+            if os.stat(folder).st_uid == os.getuid():
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
