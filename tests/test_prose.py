@@ -78,6 +78,13 @@ CORRECTED = {
     r"still had to change \(`-1` heads": "same: the dense forward already views (b, s, 3, -1, head_dim)",
     r"peft calls it": "peft's merge_and_unload() merges every adapted layer of a model, not one layer",
     r"like `nccl-tests` and read": "a term used before it is said what it is (NVIDIA's NCCL benchmarks)",
+    # chapters 10 and 11 against torch 2.13 and torchft 0.2.0 (issue 48)
+    r"only if every member of the quorum": "torchft's should_commit is agreed within one replica group",
+    r"which collectives each rank \*entered\*, not which finished": "gloo's Flight Recorder entries carry `retired`",
+    r"broadcast_buffers=True\)` \(its default\)": "torch 2.13: deprecated, default None; forward_sync_buffers syncs at forward",
+    r"in `run`, the `timeout=` you pass": "run's own deadline, counted from the launch, fires first",
+    r"is exactly a DDP step": "equal in exact arithmetic; float32 rounds the pseudo-gradient",
+    r"can cost as much as they save": "unshaped, PowerSGD measured 2-2.4x the plain all-reduce: the cell prints the ratio",
     r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
     r"refuses a root that another user owns or can write to":
         "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",

@@ -63,7 +63,8 @@ def _replica(index: int, lighthouse: str, steps: int, step_s: float) -> None:
         F.mse_loss(model(x), y).backward()
         for p in model.parameters():       # averaged over the replicas in this step's quorum
             manager.allreduce(p.grad).wait()
-        optim.step()                       # applied only if every participant commits
+        optim.step()  # only if should_commit(): agreed within this replica group, not across
+        #               groups; False here when this group's own all-reduce failed
         step, n = manager.current_step(), manager.num_participants()
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
                                          for p in model.parameters())).hexdigest()[:16]
@@ -233,7 +234,8 @@ def summarize(lines: list[dict]) -> dict:
 
     ``committed`` (the survivor's distinct steps, in order, ``first`` to ``final``: the first
     may be a peer's step it healed from), ``redone`` (its step lines that
-    repeat a step: a quorum that lost a member commits nothing), ``alone`` (steps it made with
+    repeat a step: when its all-reduce failed because its peer died, its own ``should_commit``
+    returned False and it redid the step), ``alone`` (steps it made with
     one participant while replica 1 was away), ``stall_s`` (longest gap between its steps),
     ``rejoined_at`` (replica 1's first step after the kill, fetched from the peer),
     ``equal`` (both ended on the same weights), ``wall_s``.

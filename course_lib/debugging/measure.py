@@ -1,11 +1,12 @@
 """Chapter 10's broken runs, on real ranks: drifting weights, a NaN on one rank, a slow rank.
 
-Each runs a small data-parallel loop by hand (chapter 02's ``average_gradients``) with one
-fault switched on, and returns what the chapter's tools saw on the ranks:
-``drift_run(cause)`` the first differing tensor after each step (:mod:`.divergence`),
-``nan_run`` the is-finite flags (:mod:`.health`), ``straggler_run`` each rank's compute and
-step time. The faults are real (a seed, a missing broadcast, a skipped step, a NaN in one
-rank's batch, a sleep on one rank), the verdicts come from the collectives.
+Each trains a small model data-parallel with one fault switched on, and returns what the
+chapter's tools saw on the ranks: ``drift_run(cause)`` (torch's DDP) the first differing tensor
+after each step (:mod:`.divergence`); ``nan_run`` and ``straggler_run`` average gradients by
+hand (chapter 02's ``average_gradients``) and return
+the is-finite flags (:mod:`.health`) and each rank's compute and step time. The faults are
+real (a seed, a buffer broadcast switched off, a skipped step, a NaN in one rank's batch, a
+sleep on one rank), the verdicts come from the collectives.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.data_parallel.by_hand import average_gradients
 from course_lib.debugging.divergence import first_divergence
 from course_lib.debugging.health import all_finite, is_finite, nonfinite_ranks, step_times
 from course_lib.launcher.launch import run
 
-__all__ = ["CAUSES", "small_model", "drift_run", "nan_run", "straggler_run"]
+__all__ = ["CAUSES", "small_model", "drift_ranks", "drift_run", "nan_run", "straggler_run"]
 
 CAUSES = ("none", "seed", "dropout_seed", "buffer", "one_rank_step")
 
@@ -36,41 +38,59 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
 
 
-def _step(model, opt, step, rank, cause="none", poison=False) -> torch.Tensor:
-    x, y = _batch(step, rank)
-    if poison:
-        x[0, 0] = float("nan")
-    opt.zero_grad()
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    average_gradients(model)
-    if cause != "buffer":  # what DDP does by default (broadcast_buffers=True)
-        for buf in model.buffers():
-            dist.broadcast(buf, 0)
-    if cause != "one_rank_step" or rank == 0:
-        opt.step()
-    return loss.detach()
-
-
-def _drift_rank(cause: str, steps: int) -> list:
+def _drift_rank(cause: str, steps: int, where: str) -> dict:
     rank = dist.get_rank()
     torch.manual_seed(rank if cause == "seed" else 0)
-    model = small_model()
+    # torch's DDP with its defaults: rank 0's weights and buffers broadcast when it wraps the
+    # model (init_sync), rank 0's buffers broadcast again at the start of every forward
+    # (forward_sync_buffers), gradients averaged during backward. Each cause turns one off.
+    model = DDP(small_model(), init_sync=cause != "seed",
+                forward_sync_buffers=cause != "buffer")
     if cause == "dropout_seed":
         torch.manual_seed(rank)  # same initial weights, different dropout masks
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    seen = [first_divergence(model)]
+    seen, stepped = [], 0
+    if where == "forward":  # runs inside DDP's forward, after its buffer broadcast
+        model.module.register_forward_pre_hook(
+            lambda module, args: seen.append(first_divergence(module)))
+    else:
+        seen.append(first_divergence(model.module))
     for step in range(steps):
-        _step(model, opt, step, rank, cause)
-        seen.append(first_divergence(model))
-    return seen
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if not (cause == "one_rank_step" and rank == 1 and step == 0):  # skipped once
+            opt.step()
+            stepped += 1
+        if where == "after_step":
+            seen.append(first_divergence(model.module))
+    if where == "forward":
+        with torch.no_grad():
+            model(_batch(steps, rank)[0])  # one more forward: the check after the last step
+    return {"seen": seen, "optimizer_steps": stepped}
 
 
-def drift_run(cause: str = "none", steps: int = 3, nprocs: int = 2) -> list:
-    """Rank 0's view: ``first_divergence`` before training and after each of ``steps`` steps."""
+def drift_ranks(cause: str = "none", steps: int = 3, nprocs: int = 2,
+                where: str = "forward") -> list:
+    """Every rank's ``{"seen", "optimizer_steps"}``: see :func:`drift_run`."""
     if cause not in CAUSES:
         raise ValueError(f"cause must be one of {list(CAUSES)}, got {cause!r}")
-    return run(_drift_rank, nprocs, cause, steps)[0]
+    if where not in ("forward", "after_step"):
+        raise ValueError(f"where must be 'forward' or 'after_step', got {where!r}")
+    return run(_drift_rank, nprocs, cause, steps, where)
+
+
+def drift_run(cause: str = "none", steps: int = 3, nprocs: int = 2,
+              where: str = "forward") -> list:
+    """Rank 0's view: ``first_divergence`` before training and after each of ``steps`` steps
+    of a model trained under torch's DDP with one fault switched on.
+
+    ``where="forward"`` checks where DDP has synchronised: at the start of the next forward,
+    after its buffer broadcast (a forward pre-hook on the wrapped module). ``"after_step"``
+    checks right after ``optimizer.step()``, where each rank's BatchNorm statistics still hold
+    its own batch's update even under DDP's defaults.
+    """
+    return [r for r in drift_ranks(cause, steps, nprocs, where)[0]["seen"]]
 
 
 def _nan_rank(bad_rank: int, bad_step: int, steps: int, guard: bool) -> dict:

@@ -1,6 +1,8 @@
 """Chapter 10's tools on real ranks: the divergence checker names the first tensor that differs
 (checked against a comparison of the ranks' state in this process), each drift cause shows where
-it should, the NaN flag stops the step on every rank, the straggler is the slowed rank."""
+it should under torch's own DDP with its default buffer sync, the Flight Recorder tells on gloo
+which collectives retired, the NaN flag stops the step on every rank, the straggler is the
+slowed rank."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.debugging import divergence, exercises, health
-from course_lib.debugging.measure import drift_run, nan_run, straggler_run
+from course_lib.debugging.measure import drift_ranks, drift_run, nan_run, small_model, straggler_run
 from course_lib.launcher.launch import run
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
@@ -61,6 +63,65 @@ def test_each_drift_cause_is_found_where_it_starts(cause, want):
 def test_a_bad_cause_fails_before_any_process_starts():
     with pytest.raises(ValueError, match="cause must be one of"):
         drift_run("cosmic ray")
+    with pytest.raises(ValueError, match="where must be"):
+        drift_run("none", where="later")
+
+
+def test_under_ddp_defaults_buffers_differ_right_after_a_step_and_agree_at_the_next_forward():
+    # DDP broadcasts rank 0's buffers at the start of forward, not after backward: checked right
+    # after optimizer.step(), each rank's running_mean holds its own batch's update
+    assert drift_run("none", steps=2, where="after_step") == [None] + [("1.running_mean", [1])] * 2
+    assert drift_run("none", steps=2, where="forward") == [None] * 3
+
+
+def test_one_rank_step_skips_exactly_one_step_and_the_lag_stays():
+    ranks = drift_ranks("one_rank_step", steps=3)
+    assert [r["optimizer_steps"] for r in ranks] == [3, 2]
+    assert ranks[0]["seen"] == [None] + [("0.weight", [1])] * 3
+
+
+def _ddp_buffer_arguments():
+    import warnings
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    seen = {}
+    for name, kwargs in (("default", {}), ("broadcast_buffers", {"broadcast_buffers": True}),
+                         ("forward_sync_buffers", {"forward_sync_buffers": False})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = DDP(small_model(), **kwargs)
+        seen[name] = ([w.category.__name__ for w in caught if "buffers" in str(w.message)],
+                      model.forward_sync_buffers)
+    return seen
+
+
+def test_broadcast_buffers_is_deprecated_and_forward_sync_buffers_defaults_to_true():
+    seen = run(_ddp_buffer_arguments, 2)[0]
+    assert seen == {"default": ([], True), "broadcast_buffers": (["FutureWarning"], True),
+                    "forward_sync_buffers": ([], False)}
+
+
+def _flight_record():
+    import os
+    import pickle
+    import time
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        dist.broadcast(t, 0, async_op=True)  # rank 1 never joins
+    time.sleep(0.2)
+    assert os.environ.get("TORCH_FR_BUFFER_SIZE") == "64"
+    record = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    return [(e["collective_seq_id"], e["profiling_name"], e["state"], e["retired"])
+            for e in record["entries"]]
+
+
+def test_the_flight_recorder_on_gloo_marks_finished_collectives_retired(monkeypatch):
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    r0, r1 = run(_flight_record, 2)
+    done = [(1, "gloo:all_reduce", "scheduled", True), (2, "gloo:all_reduce", "scheduled", True)]
+    assert r1 == done
+    assert r0 == done + [(3, "gloo:broadcast", "scheduled", False)]  # entered, never finished
 
 
 def test_the_nan_flag_skips_the_step_on_every_rank_and_names_the_rank():
