@@ -90,6 +90,12 @@ CORRECTED = {
         "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
     r"ZeRO-1 instead: it all-reduces": "ZeroRedundancyOptimizer only broadcasts (zero_redundancy_optimizer.py "
         "_sync_params); the all-reduce is DDP's",
+    # the lesson pass of chapters 07-09 (issue 48)
+    r"stage 1 would already fit": "chapter 08's exercise-2 config accumulates 8 micro-batches; a stage-1 "
+        "rank then holds full gradients, which the check's two moments do not see",
+    r"peft issue #1514": "a citation not checked against its thread",
+    r"data parallelism communicates once per\s+step": "FSDP all-gathers every layer; DDP's bucket all-reduces "
+        "overlap backward",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it

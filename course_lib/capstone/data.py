@@ -1,5 +1,6 @@
-"""The capstone's data: the course corpus, byte tokens, a train/validation split, and torch's
-``DistributedSampler`` deciding which windows each data-parallel rank reads, in which order.
+"""The capstone's data: the course corpus (Tiny Shakespeare), byte tokens, a train/validation
+split, and torch's ``DistributedSampler`` deciding which windows each data-parallel rank reads,
+in which order.
 
 The training split is cut into non-overlapping windows of ``seq_len + 1`` bytes. Epoch ``e`` is
 the permutation ``DistributedSampler(shuffle=True, seed, drop_last=True)`` draws after
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from course_lib.common.data import encode, load_corpus
+from course_lib.common.data import corpus_tokens
 
 __all__ = ["VAL_FRACTION", "split_corpus", "Windows", "DataOrder", "val_batch"]
 
@@ -21,8 +22,8 @@ VAL_FRACTION = 0.1  # the last 10 % of the corpus: never trained on
 
 
 def split_corpus() -> tuple[torch.Tensor, torch.Tensor]:
-    """The corpus as byte tokens, cut into (train, val) at 90 %."""
-    data = encode(load_corpus())
+    """The corpus as byte tokens (int64), cut into (train, val) at 90 %."""
+    data = corpus_tokens().long()
     cut = int(len(data) * (1 - VAL_FRACTION))
     return data[:cut], data[cut:]
 

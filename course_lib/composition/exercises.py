@@ -32,7 +32,9 @@ def _compare(exchange, ep: int) -> tuple[bool, str]:
     if not isinstance(got, torch.Tensor):
         return False, f"rank {rank}: exchange returned {type(got).__name__}, not a tensor"
     if got.shape != want.shape:
-        return False, f"rank {rank} received rows of shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        return False, (f"rank {rank} received rows of shape {tuple(got.shape)}, expected {tuple(want.shape)}: "
+                       "exchange the counts first, then size the output by the counts received "
+                       "(output_split_sizes = received, input_split_sizes = send_counts)")
     if not torch.equal(got, want):
         return False, f"rank {rank} received the right number of rows, but not the right ones (order?)"
     return True, f"rank {rank}: {got.size(0)} rows received, each from the right rank, in order"

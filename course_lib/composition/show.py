@@ -19,7 +19,8 @@ from course_lib.composition.scale import SCALE_PRESETS, at_scale
 from course_lib.display import DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE, ink
 from course_lib.common.plots import legible
 
-__all__ = ["layout_widget", "layout_line", "plot_mesh", "plot_schedule_order", "bytes_summary"]
+__all__ = ["layout_widget", "layout_line", "plot_mesh", "plot_schedule_order", "bytes_summary",
+           "bubble_lines"]
 
 _ACTION = re.compile(r"(\d+)([A-Z_]+)(\d*)")
 _KINDS = {"F": ("forward", PALETTE[0]), "B": ("backward (full)", PALETTE[5]),
@@ -128,6 +129,19 @@ def bytes_summary(report: Mapping) -> tuple[str, str]:
         + "</tr>" for r in ranks for kind in ("measured", "predicted"))
     return line, (f"<details><summary>bytes per rank ({len(ranks)} ranks × measured, predicted)"
                   f"</summary><table><tr><th>rank</th><th></th>{head}</tr>{body}</table></details>")
+
+
+def bubble_lines(rows: Sequence[Mapping]) -> list[str]:
+    """One line per schedule: the measured bubble beside its formula, and which way and by how
+    much the measurement lies from it (``rows``: ``schedule``, ``bubble``, ``formula``)."""
+    out = []
+    for r in rows:
+        gap = r["bubble"] - r["formula"]
+        where = ("on the formula" if abs(gap) < 0.005 else
+                 f"{abs(gap):.2f} {'above' if gap > 0 else 'below'} the formula")
+        out.append(f"{r['schedule']:>17}: bubble {r['bubble']:.2f} of the step, formula "
+                   f"{r['formula']:.2f} — {where}")
+    return out
 
 
 def _span(ranks: list[int]) -> str:

@@ -199,24 +199,33 @@ def largest_layer(model: nn.Module) -> int:
 
 
 def deepspeed_estimate(total_params: int, largest_layer_params: int, stage: int,
-                       world: int) -> int | None:
-    """DeepSpeed's per-GPU model-state estimate (no offload), from its own functions.
+                       world: int, offload: str = "none") -> int | None:
+    """DeepSpeed's per-GPU model-state estimate, from its own functions.
 
     Stage 2 (also used for stage 1, for which DeepSpeed has no estimator):
     ``2Ψ + 18Ψ/N``; stage 3: ``4·largest + 18Ψ/N``. ``None`` for stage 0.
+    ``offload`` is the config's ``offload_optimizer``/``offload_param`` choice:
+    ``"optimizer"`` (stages 1-3: the fp32 master weights, gradients and Adam states live in CPU
+    memory; stage 2 → ``2Ψ``, stage 3 → ``4·largest + 2Ψ/N``) or ``"optimizer+params"``
+    (stage 3 only: the 16-bit parameters too → ``4·largest``).
     """
+    if offload not in ("none", "optimizer", "optimizer+params"):
+        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
+    if offload == "optimizer+params" and stage != 3:
+        raise ValueError("DeepSpeed offloads parameters (offload_param) only in ZeRO stage 3")
     if stage == 0:
         return None
     _import_deepspeed()  # quietly, with the CPU accelerator on a CPU machine
     if stage in (1, 2):
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
         _, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=world,
-                                                       num_nodes=1, cpu_offload=False)
+                                                       num_nodes=1, cpu_offload=offload != "none")
         return int(gpu)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     _, gpu, _ = estimate_zero3_model_states_mem_needs(total_params, largest_layer_params,
                                                       num_gpus_per_node=world, num_nodes=1,
-                                                      cpu_offload=False, cpu_offload_params=False)
+                                                      cpu_offload=offload != "none",
+                                                      cpu_offload_params=offload == "optimizer+params")
     return int(gpu)
 
 

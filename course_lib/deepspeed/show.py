@@ -18,7 +18,7 @@ from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, pa
 from course_lib.common.plots import legible
 
 __all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget",
-           "precision_rows", "precision_table", "plot_stage_holdings"]
+           "precision_rows", "precision_table", "plot_stage_holdings", "offload_table"]
 
 
 def _largest(config: GPTConfig) -> int:
@@ -31,6 +31,32 @@ def _estimate(config: GPTConfig, stage: int, world: int) -> int | None:
         return deepspeed_estimate(param_count(config), _largest(config), stage, world)
     except ImportError:  # no DeepSpeed here: no estimator either
         return None
+
+
+#: (config choice, ZeRO stage, ``offload`` of :func:`deepspeed_estimate`) — the rows of the offload table
+OFFLOAD_CHOICES = (("stage 2", 2, "none"),
+                   ('stage 2 + "offload_optimizer"', 2, "optimizer"),
+                   ("stage 3", 3, "none"),
+                   ('stage 3 + "offload_optimizer"', 3, "optimizer"),
+                   ('stage 3 + "offload_optimizer" + "offload_param"', 3, "optimizer+params"))
+
+
+def offload_table(config: GPTConfig | str = "gpt-7b", n_gpus: int = 8) -> str:
+    """DeepSpeed's own per-GPU model-state estimate for each offload choice (its estimator
+    functions, mixed precision); built on the "meta" device, nothing allocated. ``""`` without
+    DeepSpeed."""
+    config = get_config(config)
+    psi, largest = param_count(config), _largest(config)
+    try:
+        rows = [(name, deepspeed_estimate(psi, largest, stage, n_gpus, offload))
+                for name, stage, offload in OFFLOAD_CHOICES]
+    except ImportError:
+        return ""
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{psi / 1e9:.2f}B parameters on {n_gpus} GPUs — DeepSpeed's estimate of the model "
+             f"states per GPU (GB)"]
+    lines += [f"{name:<{width}}  {gpu / 1e9:6.1f}" for name, gpu in rows]
+    return "\n".join(lines)
 
 
 def memory_rows(result: dict, config: GPTConfig | str = "tiny", rank: int = 0) -> list[dict]:

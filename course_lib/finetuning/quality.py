@@ -1,7 +1,8 @@
 """What LoRA and QLoRA give up: the same fine-tuning steps, full vs LoRA vs QLoRA, measured loss.
 
-Chapter 7 (``07_before_you_distribute``). The course corpus (:mod:`course_lib.common.data`) mixes two
-kinds of lines: sentences about a GPU cluster and sums like ``"12 + 30 = 42."``. We **pretrain** a
+Chapter 7 (``07_before_you_distribute``). The lab needs two kinds of lines, which the course's
+generated text (:func:`course_lib.common.data.make_corpus`, seed 0: the corpus before Tiny
+Shakespeare) mixes: sentences about a GPU cluster and sums like ``"12 + 30 = 42."``. We **pretrain** a
 tiny GPT on the sentences only, then **fine-tune** it on the sums — a new "task" the base has not
 seen — with the same number of steps, batch and data order for every method, and compare the
 held-out loss on sums (and how much the sentence loss got worse: forgetting).
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.common.data import encode, load_corpus
+from course_lib.common.data import encode, make_corpus
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.finetuning.lora import add_lora, trainable_parameters
 from course_lib.finetuning.quantize import quantize_model
@@ -28,10 +29,10 @@ _LR = {"full": 1e-3, "lora": 5e-3, "qlora": 5e-3}
 
 
 def task_tokens(kind: str) -> dict[str, torch.Tensor]:
-    """The corpus lines of one kind (``"sentences"`` or ``"sums"``) as token ids, split 90/10."""
+    """The generated lines of one kind (``"sentences"`` or ``"sums"``) as token ids, split 90/10."""
     if kind not in ("sentences", "sums"):
         raise ValueError(f"kind must be 'sentences' or 'sums', got {kind!r}")
-    lines = load_corpus().splitlines()
+    lines = make_corpus(seed=0).splitlines()  # not data/corpus.txt (Tiny Shakespeare): no sums there
     keep = [ln for ln in lines if (" + " in ln) == (kind == "sums")]
     data = encode("\n".join(keep) + "\n")
     cut = int(len(data) * 0.9)

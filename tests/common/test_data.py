@@ -1,16 +1,44 @@
-"""Chapter 1 dataset: committed corpus is the generator's output; per-rank batches shard."""
+"""Chapter 1 dataset: the committed corpus is Tiny Shakespeare; per-rank batches shard."""
+import hashlib
+
 import pytest
 import torch
 
-from course_lib.common.data import (CORPUS_PATH, VOCAB_SIZE, decode, encode, get_batch,
-                                    load_corpus, make_corpus)
+from course_lib.common import data as data_mod
+from course_lib.common.data import (CORPUS_PATH, CORPUS_SHA256, VOCAB_SIZE, corpus_tokens, decode,
+                                    encode, get_batch, load_corpus, make_corpus, write_corpus)
 
 
-def test_committed_corpus_is_the_generated_one():
-    assert CORPUS_PATH.exists(), "data/corpus.txt is missing: run course_lib.common.data.write_corpus()"
-    text = CORPUS_PATH.read_text(encoding="ascii")
-    assert text == make_corpus()
-    assert 100_000 < len(text) < 300_000
+def test_committed_corpus_is_tiny_shakespeare():
+    raw = CORPUS_PATH.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == CORPUS_SHA256
+    assert CORPUS_SHA256 in (CORPUS_PATH.parent / "README.md").read_text()  # source stated
+    text = load_corpus()
+    assert len(text) == 1_115_394 and text.startswith("First Citizen:\nBefore we proceed")
+    assert set(raw) <= set(range(32, 127)) | {10}  # printable ASCII and newlines
+    tokens = corpus_tokens()
+    assert tokens.dtype == torch.uint8 and torch.equal(tokens.long(), encode(text))
+    assert corpus_tokens() is tokens  # read once per process
+
+
+def test_the_generated_corpus_stays_for_the_finetuning_lab(tmp_path):
+    text = make_corpus()
+    assert 100_000 < len(text) < 300_000 and text == make_corpus()
+    lines = text.splitlines()
+    assert any(" + " in ln for ln in lines) and any(" + " not in ln for ln in lines)
+    with pytest.warns(DeprecationWarning, match="write_corpus is deprecated"):
+        assert write_corpus(tmp_path / "gen.txt").read_text() == text
+    before = CORPUS_PATH.read_bytes()
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="is the course corpus"):
+        write_corpus()
+    assert CORPUS_PATH.read_bytes() == before  # the learner's corpus is never overwritten
+
+
+def test_a_missing_corpus_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ships in the repository's data/ folder"):
+        load_corpus(tmp_path / "none.txt")
+    with pytest.raises(FileNotFoundError, match="ships in the repository's data/ folder"):
+        data_mod.corpus_tokens(tmp_path / "none.txt")
 
 
 def test_encode_decode_round_trip():

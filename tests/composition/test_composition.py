@@ -95,3 +95,15 @@ def test_mesh_groups_follow_named_dimensions():
         assert dims["dp"]["group_ranks"] == [r["rank"] % 2, r["rank"] % 2 + 2]
         assert dims["tp"]["all_reduce_of_ranks"] == sum(dims["tp"]["group_ranks"])
     assert all(r["dims"]["dp"]["group_ranks"] == [0, 1, 2, 3] for r in result["1-D"])
+
+
+def test_bubble_lines_say_which_way_and_by_how_much():
+    """Chapter 09's schedule cell: a measured bubble is set beside its formula with the signed gap."""
+    from course_lib.composition.show import bubble_lines
+    lines = bubble_lines([{"schedule": "1f1b", "bubble": 0.24, "formula": 0.20},
+                          {"schedule": "zb-v", "bubble": 0.0, "formula": 0.0},
+                          {"schedule": "interleaved-1f1b", "bubble": 0.05, "formula": 0.11}])
+    assert lines[0].endswith("0.04 above the formula")
+    assert lines[1].endswith("on the formula")
+    assert lines[2].endswith("0.06 below the formula")
+    assert not any("as predicted" in line for line in lines)

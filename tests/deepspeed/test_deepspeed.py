@@ -169,6 +169,20 @@ def test_course_prediction_closer_than_deepspeeds_estimators(result):
     assert "course" in estimate_table(rows)
 
 
+def test_offload_estimates_are_deepspeeds_formulas():
+    """Chapter 08's offload table: what each offload choice leaves on the GPU, by DeepSpeed's
+    own estimator functions (stage_1_and_2.py / stage3.py estimate_zero*_model_states_mem_needs)."""
+    psi, largest, n = 10**6, 1000, 8
+    assert deepspeed_estimate(psi, largest, 2, n, "optimizer") == 2 * psi            # 16-bit weights only
+    assert deepspeed_estimate(psi, largest, 3, n, "optimizer") == 4 * largest + 2 * psi // n
+    assert deepspeed_estimate(psi, largest, 3, n, "optimizer+params") == 4 * largest
+    assert deepspeed_estimate(psi, largest, 3, n) == 4 * largest + 18 * psi // n
+    with pytest.raises(ValueError, match="only in ZeRO stage 3"):
+        deepspeed_estimate(psi, largest, 2, n, "optimizer+params")
+    with pytest.raises(ValueError, match="offload must be"):
+        deepspeed_estimate(psi, largest, 2, n, "nvme")
+
+
 def test_fallback_when_deepspeed_cannot_be_imported(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # what `import deepspeed` sees when missing
     ok, reason = deepspeed_status()

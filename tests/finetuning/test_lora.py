@@ -112,3 +112,14 @@ def test_compare_finetuning_rows_and_threads_restored():
     assert [r.trainable for r in rows] == [0, param_count(get_config("tiny")),
                                            lora_param_count("tiny", 8), lora_param_count("tiny", 8)]
     assert all(r.sums_loss > 0 and r.sentences_loss > 0 for r in rows)
+
+
+def test_quality_lab_reads_two_kinds_of_lines_not_the_course_corpus():
+    """data/corpus.txt is Tiny Shakespeare (no sums); the lab's tasks come from make_corpus."""
+    from course_lib.common.data import decode, load_corpus
+    from course_lib.finetuning.quality import task_tokens
+    assert " + " not in load_corpus()[:100_000]
+    sums, sentences = task_tokens("sums"), task_tokens("sentences")
+    assert len(sums["train"]) > 10_000 and len(sentences["train"]) > 10_000
+    assert all(" + " in line for line in decode(sums["val"]).splitlines()[1:] if line)  # [0]: cut mid-line
+    assert not any(" + " in line for line in decode(sentences["val"]).splitlines())
