@@ -39,7 +39,7 @@ for _module, _names in {
     "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank", "train_rank_sharded"],
     "sharding.comm_counter": ["CommCounter"],
     "sharding.zero_by_hand": ["ShardedOptimizer"],
-    "sharding.fsdp_by_hand": ["FSDPByHand"],
+    "sharding.fsdp_by_hand": ["FSDPByHand", "fsdp_full_state_dict"],
     # 04 model parallelism
     "tensor_parallel.measure": ["measure_tp", "measure_tp_model"],
     "pipeline_parallel.measure": ["measure_pipeline", "bubble_formula", "torch_pipeline"],
@@ -108,3 +108,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext course_lib``: the ``%%torchrun NPROC NAME.py`` cell magic
+    (:mod:`course_lib.launcher.script_magic`)."""
+    from course_lib.launcher import script_magic
+    script_magic.load_ipython_extension(ipython)

@@ -1,14 +1,13 @@
-"""Chapter 3's code exercises, run on real ranks: ``shard_bounds`` and FSDP's unit hooks.
+"""Chapter 3's code exercises, run on real ranks: ``shard_bounds``, FSDP by hand's full-parameter
+gather, and FSDP's unit hooks (kept for the library's tests and for teachers).
 
-:func:`check_shard_bounds` runs the learner's function on ``world`` real ranks for a few buffer
-sizes (one smaller than the world, a few that do not divide, the tiny GPT's Ψ), all-gathers
-every rank's shard as ZeRO all-gathers parameters, and compares the bounds with
-``torch.chunk``'s pieces — the rule of :func:`course_lib.sharding.zero_by_hand.shard_bounds`
-and of FSDP2. The message says what is off (a gap, an overlap, past the end, unequal shares)
-without the formula (for ``course_lib.check_true``). :func:`check_fsdp_unit` plugs the learner's
-``pre_forward(unit)`` / ``post_backward(unit)`` into :class:`~course_lib.sharding.fsdp_by_hand.
-FSDPByHand`, trains the tiny GPT on 2 ranks next to torch's ``fully_shard`` and compares the
-weights, the bytes per collective type and what the units still hold after backward.
+:func:`check_shard_bounds` runs the learner's function on ``world`` ranks for a few buffer sizes,
+all-gathers the shards as ZeRO does and compares the bounds with ``torch.chunk``'s pieces, saying
+what is off (a gap, an overlap, past the end, unequal shares) without the formula.
+:func:`check_full_state_dict` compares the learner's gather with
+:func:`~course_lib.sharding.fsdp_by_hand.fsdp_full_state_dict` after two training steps.
+:func:`check_fsdp_unit` plugs ``pre_forward(unit)`` / ``post_backward(unit)`` into
+:class:`~course_lib.sharding.fsdp_by_hand.FSDPByHand` and compares it with ``fully_shard``.
 """
 from __future__ import annotations
 
@@ -20,10 +19,12 @@ import torch.distributed as dist
 from course_lib.common.checks import is_int
 from course_lib.common.models import get_config, param_count
 from course_lib.launcher.launch import run
-from course_lib.sharding.fsdp_by_hand import FSDPByHand, FSDPUnit
+from course_lib.common.data import get_batch
+from course_lib.common.models import GPT
+from course_lib.sharding.fsdp_by_hand import FSDPByHand, FSDPUnit, fsdp_full_state_dict
 from course_lib.sharding.hand_measure import train_fsdp_rank, train_torch_fsdp_rank
 
-__all__ = ["check_shard_bounds", "check_fsdp_unit", "SIZES"]
+__all__ = ["check_shard_bounds", "check_fsdp_unit", "check_full_state_dict", "SIZES"]
 
 #: Buffer sizes the check tries: smaller than the world, not divisible, divisible, the tiny GPT.
 SIZES = (2, 10, 11, 12, param_count(get_config("tiny")))
@@ -138,3 +139,51 @@ def check_fsdp_unit(pre_forward: Callable, post_backward: Callable, world: int =
     return True, (f"on {world} real ranks your units trained the tiny GPT to fully_shard's weights "
                   f"(within {diff:.1e}) with the same bytes per collective {result['bytes']}, and "
                   "held no full parameters after backward.")
+
+
+def _full_state_dict_rank(fn: Callable, steps: int) -> dict:
+    """On each rank: FSDP by hand trained ``steps`` Adam steps; the learner's gather and ours."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = get_config("tiny")
+    torch.manual_seed(0)
+    model = FSDPByHand(GPT(config))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):                     # the shards move away from their initial values
+        inputs, targets = get_batch(2, 16, seed=0, step=step, rank=rank, world_size=world)
+        optimizer.zero_grad()
+        GPT.loss(model(inputs), targets).backward()
+        optimizer.step()
+    mine = fn(model)
+    return {"mine": {k: v.detach().clone() for k, v in mine.items()} if isinstance(mine, dict)
+            else mine, "ours": fsdp_full_state_dict(model)}
+
+
+def check_full_state_dict(fn: Callable, world: int = 2, steps: int = 2) -> tuple[bool, str]:
+    """Run the learner's ``fn(model)`` (``model``: an :class:`FSDPByHand`) on ``world`` real ranks
+    after ``steps`` training steps; compare every rank's answer with ``fsdp_full_state_dict``."""
+    if not callable(fn):
+        raise TypeError(f"pass your function itself (full_state_dict, no parentheses), "
+                        f"got {type(fn).__name__}")
+    if not is_int(world) or world < 2:
+        raise ValueError(f"world must be an integer >= 2, got {world!r}")
+    for rank, result in enumerate(run(_full_state_dict_rank, world, fn, steps, device="cpu",
+                                      threads=1)):
+        mine, ours = result["mine"], result["ours"]
+        if not isinstance(mine, dict) or not all(torch.is_tensor(v) for v in mine.values()):
+            return False, f"return a dict {{name: tensor}}, got {type(mine).__name__} on rank {rank}."
+        if set(mine) != set(ours):
+            missing, extra = sorted(set(ours) - set(mine)), sorted(set(mine) - set(ours))
+            return False, (f"rank {rank}'s names differ: missing {missing[:3]}, extra {extra[:3]} "
+                           "(the wrapped module's names, as unit.names gives them).")
+        for name, want in ours.items():
+            got = mine[name]
+            if got.shape != want.shape:
+                return False, (f"on rank {rank} {name} has shape {tuple(got.shape)}, the parameter "
+                               f"{tuple(want.shape)}: did you gather every rank's shard before "
+                               "cutting it, and view each piece in its parameter's shape?")
+            if not torch.equal(got, want):
+                return False, (f"on rank {rank} {name} has the right shape but not the trained "
+                               "values: are the shards gathered in rank order, and each piece cut "
+                               "at its parameter's offset?")
+    return True, (f"on {world} real ranks your gather rebuilt all {len(ours)} full parameters of the "
+                  f"trained model, equal to the library's, on every rank.")

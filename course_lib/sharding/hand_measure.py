@@ -20,7 +20,7 @@ from course_lib.common.training import make_optimizer
 from course_lib.memory.report import categorize
 from course_lib.memory.tracker import GlobalMemTracker
 from course_lib.sharding.comm_counter import CommCounter
-from course_lib.sharding.fsdp_by_hand import FSDPByHand
+from course_lib.sharding.fsdp_by_hand import FSDPByHand, fsdp_full_state_dict
 from course_lib.sharding.rank_measure import make_inputs
 from course_lib.sharding.strategies import full_params, train_step, wrap
 from course_lib.sharding.zero_by_hand import ShardedOptimizer
@@ -88,15 +88,9 @@ def measure_zero_rank(optimizer_class=ShardedOptimizer, stage: int = 2, config="
 
 
 def fsdp_full_params(fsdp: FSDPByHand) -> dict[str, torch.Tensor]:
-    """Every parameter of the wrapped model, all-gathered from the shards (call on every rank)."""
-    out = {}
-    for unit in fsdp.units:
-        flat = torch.empty(unit.shard.numel() * unit.world, dtype=unit.shard.dtype)
-        dist.all_gather_single(flat, unit.shard.detach())
-        pieces = torch.split(flat, unit.sizes)
-        shapes = {index: shape for _, _, index, shape in unit.slots}
-        out.update({name: pieces[i].view(shapes[i]).clone() for i, name in enumerate(unit.names)})
-    return out
+    """Every parameter of the wrapped model, all-gathered from the shards (call on every rank);
+    :func:`course_lib.sharding.fsdp_by_hand.fsdp_full_state_dict`, under its first name."""
+    return fsdp_full_state_dict(fsdp)
 
 
 def train_fsdp_rank(fsdp_class=FSDPByHand, config="tiny", *, steps: int = 3,

@@ -126,10 +126,11 @@ def _fsdp(fsdp: FSDPByHand, opt) -> dict:
         if unit.full.untyped_storage().nbytes():
             held["params"].append((base, base + numel))
             tensors["params"].append(unit.full)
-        if unit.shard.grad is not None:
+        grads = [p.grad for p in unit.params if p.grad is not None]   # pieces of one flat grad
+        if grads:
             held["grads"].append(span)
-            tensors["grads"].append(unit.shard.grad)
-        state = [t for t in opt.state.get(unit.shard, {}).values() if torch.is_tensor(t)]
+            tensors["grads"] += grads
+        state = [t for p in unit.params for t in opt.state.get(p, {}).values() if torch.is_tensor(t)]
         if state:
             held["optimizer"].append(span)
             tensors["optimizer"] += state

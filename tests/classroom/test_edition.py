@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from tests.classroom.edition import CHAPTERS, SOLUTION_BLOCK, _body, student_notebook, write_edition
+from tests.classroom.edition import (CHAPTERS, SOLUTION_BLOCK, _body, python_source, student_notebook,
+                                     write_edition)
 from tests.classroom.grade import identify
 
 from exercise_cells import _source, find_exercises
@@ -26,7 +27,7 @@ def notebook_pieces(nb: dict) -> set[str]:
     found = set()
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            tree = ast.parse(_source(cell))
+            tree = ast.parse(python_source(_source(cell)))
             found |= {ast.dump(n) for n in ast.walk(tree) if isinstance(n, ast.stmt)}
             found |= {_body(n) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     return found
@@ -82,9 +83,12 @@ def test_stubs_stay_outputs_are_only_figures_and_tables_and_a_notice_says_so(edi
 
 
 def test_a_leaking_library_copy_outside_a_tagged_cell_is_refused():
-    nb = json.loads(CHAPTERS[3].read_text())   # 03: the library's shard_bounds follows the exercise
+    nb = json.loads(CHAPTERS[3].read_text())   # 03: exercise 1's answer typed again, untagged
     cell = next(c for c in nb["cells"] if c["metadata"].get("library_copy") and
-                "def shard_bounds" in _source(c))
+                "class ShardedOptimizer" in _source(c))
+    cell["source"] = ("def my_shard_bounds(numel, rank, world):\n    size = -(-numel // world)\n"
+                      "    start = min(rank * size, numel)\n    return start, min(start + size, numel)\n\n"
+                      + _source(cell))
     del cell["metadata"]["library_copy"]
     with pytest.raises(ValueError, match="repeats an exercise's solution"):
         student_notebook(nb, "03")
@@ -101,4 +105,4 @@ def test_each_hidden_definition_is_imported_from_the_library_instead(editions):
                     defined = {n.name for n in tree.body if hasattr(n, "name")}
                     assert {a.name for a in node.names} <= defined, line
                     imported |= {a.name for a in node.names}
-    assert imported >= {"shard_bounds", "_CopyToTP", "_ReduceFromTP", "average_gradients"}
+    assert imported >= {"_CopyToTP", "_ReduceFromTP", "average_gradients"}  # 03: none left
