@@ -81,6 +81,14 @@ CORRECTED = {
     r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
     r"refuses a root that another user owns or can write to":
         "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
+    # the lesson pass of chapters 02 and 05 (issue 47)
+    r"as DDP's `broadcast_buffers=False`|unless `broadcast_buffers=False`":
+        "torch 2.13: broadcast_buffers=False (deprecated) never syncs buffers; init-only is forward_sync_buffers=False",
+    r"if the first buckets became ready": "every bucket is ready before backward returns: compare with the last gradient",
+    r"a few per cent more, a little more at 100": "chapter 05's sweep printed 3.95 MB against 3.94 MB: 0.25 %",
+    r"busbw levels off": "chapter 05's stored benchmark: from 4 to 16 MiB three collectives' busbw fall, two rise",
+    r"widens that band by 1\.25": "the scaling verdict's band is α-β's, unwidened (scaling_link.band_gap)",
+    r"overlap saved \d+ ms": "overlap's saving is comm - (overlapped - compute), not serial - overlapped",
     r"ZeRO-1 instead: it all-reduces": "ZeroRedundancyOptimizer only broadcasts (zero_redundancy_optimizer.py "
         "_sync_params); the all-reduce is DDP's",
 }
