@@ -20,8 +20,8 @@ import time
 from typing import Sequence
 
 __all__ = ["scaling_over_link", "scaling_rank", "format_scaling_link", "scaling_verdict",
-           "within_band", "band_gap", "core_shares", "MIN_CORE_SHARE", "LINK_SIZES", "LINK_BATCH", "LINK_RATES",
-           "BAND"]
+           "within_band", "band_gap", "core_shares", "MIN_CORE_SHARE", "LINK_SIZES",
+           "LINK_BATCH", "LINK_RATES", "BAND"]
 
 #: 0.26 M parameters (1 MB of fp32 gradients: 42 ms at 200 Mbit/s); a global batch of 4096
 #: keeps one idle core busy ~70 ms, so that the unshaped link scales almost ideally.

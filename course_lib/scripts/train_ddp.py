@@ -3,7 +3,8 @@
 Chapter 5 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
 single process's on the same global batch: data parallelism changes where the work runs, not the
 result. A ``DistributedSampler`` deals one shuffled epoch of samples out to the ranks: global
-batch ``s`` is positions ``s·B … (s+1)·B − 1`` of the shuffle, each rank taking every world-th. Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
+batch ``s`` is positions ``s·B … (s+1)·B − 1`` of the shuffle, each rank taking every world-th.
+Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
 ``torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out node.pt``;
 ``course_lib.communication.multinode.run_two_nodes()`` builds and runs the two-node command lines
 (written out in docs/decisions.md). ``--standalone`` is for your own machine only: torchrun's
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         times.append(time.perf_counter() - start)
         print(f"step {step} loss {loss.item():.4f} {times[-1] * 1e3:.1f} ms", flush=True)
     node = os.environ.get("GROUP_RANK", "0")
-    print(f"done: world {world}, node {node}, mean step {sum(times) / max(1, len(times)) * 1e3:.1f} ms",
+    mean = sum(times) / max(1, len(times))
+    print(f"done: world {world}, node {node}, mean step {mean * 1e3:.1f} ms",
           flush=True)
     if rank == 0 and args.out:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)

@@ -53,10 +53,18 @@ def repeats_solution(node: ast.stmt, names: set[str], bodies: set[str]) -> bool:
                                      if isinstance(n, ast.FunctionDef))
 
 
+def python_only(source: str) -> str:
+    """The cell's Python, line for line: a ``%%magic`` line (``%%torchrun 2 ddp.py``: the rest of
+    the cell is a script), a ``%line_magic`` or a ``!shell`` line becomes empty, the line numbers
+    kept, so that a solution repeated in a script is found too."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.split("\n"))
+
+
 def hide_solutions(source: str, module: str | None, names: set[str], bodies: set[str],
                    where: str) -> tuple[str, list[str]]:
     """The cell with each definition that repeats a solution replaced by the library's import."""
-    tree = ast.parse(source)
+    tree = ast.parse(python_only(source))
     hidden = [n.name for n in tree.body if repeats_solution(n, names, bodies)]
     if not hidden:
         return source, []

@@ -45,6 +45,7 @@ def test_the_speedup_falls_as_the_link_slows(rows):
     assert all(r["cores"][0] != r["cores"][1] for r in rows)
     wire = slow["predicted_comm_s"] - fast["predicted_comm_s"]  # 4Ψ·8 / 200 Mbit/s
     assert slow["allreduce_s"] >= fast["allreduce_s"] + 0.8 * wire, slow  # the link is the limit
+    _skip_if_busy(rows)  # the step times below need the ranks' cores (a run at 13 % share failed)
     assert slow["t2_s"] >= fast["t2_s"] + 0.3 * wire, (fast, slow)  # overlap hides < 70 %
     assert slow["speedup"] < fast["speedup"], rows
 
@@ -56,12 +57,16 @@ def test_the_speedup_falls_as_the_link_slows(rows):
 BELOW, ABOVE = -0.25, 0.15
 
 
-def test_each_speedup_lies_within_the_alpha_beta_band(rows):
+def _skip_if_busy(rows):
     shares = sl.core_shares(rows)
     if min(shares) < sl.MIN_CORE_SHARE:
         pytest.skip(f"the ranks had their cores only {min(shares):.0%} of the time (CPU / wall, "
                     f"measured: 1-rank steps {[f'{s:.0%}' for s in shares[:-1]]}, 2-rank step on "
                     f"the unshaped link {shares[-1]:.0%}): a busy machine, not the link")
+
+
+def test_each_speedup_lies_within_the_alpha_beta_band(rows):
+    _skip_if_busy(rows)
     assert rows[0]["speedup"] >= 1.4, rows[0]  # 2 cores, a fast link: close to 2
     assert all(BELOW <= sl.band_gap(r) <= ABOVE for r in rows), rows
     verdict = sl.scaling_verdict(rows)

@@ -3,7 +3,7 @@
 Two pinned ranks in network namespaces joined by a veth that ``tc`` holds to 500 Mbit/s: the
 gradients' bytes take real wire time while the cores stay free for backward. Needs namespaces
 (root or user namespaces); skipped with the reason elsewhere, but must run in CI as root. The
-bounds are shares of the communication measured in the same run, not absolute times.
+bounds are shares of times measured in the same run, not absolute times.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from course_lib.launcher.devices import usable_cores
 #: What the test asserts: overlap hides at least this share of min(compute, comm), the most the
 #: model lets it hide — the notebook's verdict band (``ov.HIDDEN_AT_LEAST``). Hidden = comm -
 #: (overlapped - compute), each a timer's reading; the serial step (one DDP bucket, the same
-#: reducer work) must not be longer than compute + comm by more than the measuring allows. Runs
-#: with the gradients as bucket views: 16 % and 30 % (docs/decisions.md, "Overlap's yardstick").
+#: reducer work, `overlap_models`) must pay for the communication. Known runs: 16 % and 30 %
+#: (docs/decisions.md, "Chapters 02 and 05, the lesson pass").
 HIDDEN_AT_LEAST = ov.HIDDEN_AT_LEAST
 
 
@@ -55,7 +55,6 @@ def test_overlapped_step_beats_the_serial_one_by_a_share_of_what_it_could_hide(m
     assert m["step_serial_s"] >= m["compute_s"] + 0.5 * m["comm_s"], m  # serial pays for comm
     most = min(m["compute_s"], m["comm_s"])  # the model's largest saving
     assert m["hidden_s"] >= HIDDEN_AT_LEAST * most, m
-    assert m["step_serial_s"] - m["step_overlapped_s"] >= 0.5 * m["hidden_s"], m  # like with like
     assert "as predicted" in verdict and "not as predicted" not in verdict, (verdict, m)
 
 
