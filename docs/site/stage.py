@@ -1,6 +1,6 @@
 """Lay out the web edition's Sphinx sources from the repository, as stored (nothing executes).
 
-``python docs/site/stage.py OUT`` writes OUT/index.md (the README, its badge made a plain link),
+``python docs/site/stage.py OUT`` writes OUT/index.md (the README; a badge made a plain link; its figures copied),
 OUT/notebooks/*.ipynb (copies with a launch bar under the title and every widget replaced by a
 static panel) and OUT/docs/{glossary,architecture,contributing}.md. The layout mirrors the repository, so the
 README's and the notebooks' relative links resolve to the pages as they are; a link to any other
