@@ -81,6 +81,8 @@ CORRECTED = {
     r"quantize to NF4, count": "a term used before it is said what it is (QLoRA's 4-bit NormalFloat)",
     r"refuses a root that another user owns or can write to":
         "fault_tolerance/checkpoint.py _own_root refuses o+w only; a group-writable root is accepted",
+    r"00, 05, 06 and 11 do not fit": "by the memory table's own figures (+0.1 GiB for JupyterLab) 09 and "
+        "12's widget exceed 1 GiB too, and 04 exceeds 1 GB (issue 48)",
     r"ZeRO-1 instead: it all-reduces": "ZeroRedundancyOptimizer only broadcasts (zero_redundancy_optimizer.py "
         "_sync_params); the all-reduce is DDP's",
 }
