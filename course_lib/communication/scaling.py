@@ -53,6 +53,7 @@ class ScalingRow:
     efficiency: float
     compute_cpu_s: float = math.nan   # CPU seconds of the compute-only step (the process's)
     pinned: bool = False
+    reducer_s: float = 0.0            # the same mode's 1-rank sync: DDP's own work, no partner
 
     @property
     def core_wait_s(self) -> float:
@@ -60,9 +61,14 @@ class ScalingRow:
         return max(0.0, self.compute_s - self.compute_cpu_s / self.threads)
 
     @property
-    def comm_s(self) -> float:
-        """Exposed communication: what the all-reduces added to the step (>= 0)."""
+    def sync_s(self) -> float:
+        """What DDP's gradient synchronisation added to the step: step - no_sync step (>= 0)."""
         return max(0.0, self.step_s - self.compute_s)
+
+    @property
+    def comm_s(self) -> float:
+        """Exposed communication: the sync beyond DDP's own work on one rank (0 on one rank)."""
+        return 0.0 if self.world == 1 else max(0.0, self.sync_s - self.reducer_s)
 
 
 def _ddp_rank(sizes: Sequence[int], batches: Sequence[int], steps: int,
@@ -150,6 +156,7 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
     rows = []
     for index, mode in enumerate(("strong", "weak")):
         base = measured[1][index][0]
+        reducer = max(0.0, measured[1][index][0] - measured[1][index][1])  # 1 rank: no partner
         for world in worlds:
             step_s, compute_s, allreduce_s, compute_cpu_s = measured[world][index]
             ratio = base / step_s
@@ -159,7 +166,7 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
             rows.append(ScalingRow(mode, world, devices.plan(world, threads=threads).threads,
                                    batch, step_s,
                                    compute_s, allreduce_s if world > 1 else 0.0, speedup,
-                                   efficiency, compute_cpu_s, pin))
+                                   efficiency, compute_cpu_s, pin, reducer))
     return rows
 
 
@@ -169,7 +176,8 @@ def format_scaling(rows: Sequence[ScalingRow]) -> str:
                         "step time / ranks)",
               "weak": "weak scaling: every rank keeps its batch (ideal: the same step time)"}
     header = (f"{'ranks':>5}{'threads':>8}{'batch/rank':>11}{'step ms':>9}{'compute':>9}"
-              f"{'cpu':>7}{'core wait':>10}{'comm':>7}{'bare AR':>9}{'speedup':>9}{'effic.':>8}")
+              f"{'cpu':>7}{'core wait':>10}{'sync':>6}{'comm':>6}{'bare AR':>8}{'speedup':>8}"
+              f"{'effic.':>7}")
     lines = []
     for mode in dict.fromkeys(r.mode for r in rows):
         lines += ([""] if lines else []) + [titles.get(mode, mode), header]
@@ -177,8 +185,8 @@ def format_scaling(rows: Sequence[ScalingRow]) -> str:
             lines.append(f"{r.world:>5}{r.threads:>8}{r.batch_per_rank:>11}"
                          f"{r.step_s * 1e3:>9.1f}{r.compute_s * 1e3:>9.1f}"
                          f"{r.compute_cpu_s * 1e3:>7.1f}{r.core_wait_s * 1e3:>10.1f}"
-                         f"{r.comm_s * 1e3:>7.1f}{r.allreduce_s * 1e3:>9.1f}{r.speedup:>9.2f}"
-                         f"{r.efficiency:>8.0%}")
+                         f"{r.sync_s * 1e3:>6.1f}{r.comm_s * 1e3:>6.1f}"
+                         f"{r.allreduce_s * 1e3:>8.1f}{r.speedup:>8.2f}{r.efficiency:>7.0%}")
     return "\n".join(lines)
 
 
@@ -187,8 +195,8 @@ def scaling_cause(rows: Sequence[ScalingRow], world: int = 2) -> str:
 
     The shortfall ``T(p) - T(1)/p`` is split into compute that did not shrink with the batch
     (``compute - wait`` at p ranks against ``(compute - wait) / p`` of one), time waiting for a
-    core and the communication
-    the step could not hide; the largest is named.
+    core, DDP's own per-step work (the 1-rank sync: bucket copies, paid with no partner) and the
+    communication the step could not hide; the largest is named.
     """
     strong = {r.world: r for r in rows if r.mode == "strong"}
     if 1 not in strong or world not in strong:
@@ -198,6 +206,7 @@ def scaling_cause(rows: Sequence[ScalingRow], world: int = 2) -> str:
              max(0.0, (many.compute_s - many.core_wait_s)
                  - (one.compute_s - one.core_wait_s) / world),
              "waiting for a core": many.core_wait_s,
+             "DDP's own work (its 1-rank sync)": min(many.sync_s, many.reducer_s),
              "communication the step could not hide": many.comm_s}
     cause = max(parts, key=parts.get)
     return (f"{world} ranks: speedup {many.speedup:.2f} (ideal {world}); compute "

@@ -63,14 +63,14 @@ def plot_fit(rows: Sequence[CollectiveResult], fits: Mapping[int, AlphaBeta]) ->
 
 @legible
 def plot_scaling(rows: Sequence[ScalingRow]) -> Figure:
-    """Left: strong-scaling step time split into compute and exposed communication.
+    """Left: strong-scaling step time split into compute and DDP's gradient sync.
     Right: efficiency against ranks for strong and weak scaling (1.0 = ideal)."""
     fig, (left, right) = plt.subplots(1, 2, **_SIZE)
     strong = [r for r in rows if r.mode == "strong"]
     labels = [str(r.world) for r in strong]
     left.bar(labels, [r.compute_s * 1e3 for r in strong], label="compute (no_sync)")
-    left.bar(labels, [r.comm_s * 1e3 for r in strong],
-             bottom=[r.compute_s * 1e3 for r in strong], label="exposed comm")
+    left.bar(labels, [r.sync_s * 1e3 for r in strong],
+             bottom=[r.compute_s * 1e3 for r in strong], label="gradient sync (step − no_sync)")
     left.set(xlabel="ranks", ylabel="step (ms)", title="strong scaling")
     below = dict(fontsize=FONT_MIN, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     left.legend(**below)  # under the panel: inside, it hid the bars

@@ -41,9 +41,9 @@ class DDPByHand(nn.Module):
     """Wrap ``module`` as torch's DDP does: each bucket is all-reduced as soon as it is full.
 
     ``.module`` is the model; rank 0's parameters and buffers are broadcast here (buffers only
-    here, as DDP's ``broadcast_buffers=False``). Buckets of about ``bucket_cap_mb`` MiB
-    (``None``: one per tensor) hold the parameters that require a gradient (a tied one once),
-    in their dtype and device. Call :meth:`finish_gradient_synchronization` after backward,
+    here, as torch's DDP with ``forward_sync_buffers=False``). Buckets of about
+    ``bucket_cap_mb`` MiB (``None``: one per tensor) hold the parameters that require a gradient
+    (a tied one once), in their dtype and device. Call :meth:`finish_gradient_synchronization` after backward,
     before the step; backward passes under :meth:`no_sync` only accumulate. A parameter that
     got no gradient is an error naming it (torch's DDP needs ``find_unused_parameters=True``).
     """

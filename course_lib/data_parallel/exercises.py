@@ -83,11 +83,14 @@ def check_average_gradients(fn: Callable[[nn.Module], None], world: int = 3,
             continue
         if _close(res["mine"], res["local"]):
             return False, (f"rank {rank} still holds its own local gradients: nothing was "
-                           "communicated (all_reduce each param.grad).")
+                           "communicated. Is the dist.all_reduce of each param.grad missing?")
+        if _close(res["mine"], {n: g / world for n, g in res["local"].items()}):
+            return False, (f"rank {rank} holds its own gradients divided by {world}: the division "
+                           "is there, the dist.all_reduce that sums over the ranks is missing.")
         scaled = {n: g * world for n, g in res["ddp"].items()}
         if _close(res["mine"], scaled):
             return False, (f"the gradients are {world}× too large on {world} ranks: you summed "
-                           "them; divide by the world size to average.")
+                           "them. Did you divide by the world size?")
         return False, (f"rank {rank}'s gradients differ from DDP's averaged ones (did you divide "
                        "by dist.get_world_size(), not a fixed number?).")
     return True, f"your averaged gradients equal torch DDP's on all {world} ranks."

@@ -2,8 +2,9 @@
 
 Chapter 5 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
 single process's on the same global batch: data parallelism changes where the work runs, not the
-result. Every step draws the same global batch everywhere (seeded by the step); each rank trains
-on its contiguous share. Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
+result. A ``DistributedSampler`` deals one shuffled epoch of samples out to the ranks: global
+batch ``s`` is positions ``s·B … (s+1)·B − 1`` of the shuffle, each rank taking every world-th.
+Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
 ``torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out node.pt``;
 ``course_lib.communication.multinode.run_two_nodes()`` builds and runs the two-node command lines
 (written out in docs/decisions.md). ``--standalone`` is for your own machine only: torchrun's
@@ -22,17 +23,24 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.common.models import MLP
 from course_lib.launcher.torchrun import init_distributed
 
 
-def make_batch(step: int, global_batch: int, sizes: list[int], seed: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of ``step``: the same on every rank and node (seeded by the step)."""
-    gen = torch.Generator().manual_seed(seed + 1000 + step)
-    return (torch.randn(global_batch, sizes[0], generator=gen),
-            torch.randn(global_batch, sizes[-1], generator=gen))
+def make_dataset(steps: int, global_batch: int, sizes: list[int], seed: int) -> TensorDataset:
+    """Every sample of the run, ``steps × global_batch`` rows: one epoch (the same everywhere)."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    n = max(steps, 1) * global_batch
+    return TensorDataset(torch.randn(n, sizes[0], generator=gen),
+                         torch.randn(n, sizes[-1], generator=gen))
+
+
+def epoch_order(n: int, seed: int, epoch: int = 0) -> torch.Tensor:
+    """The shuffle ``DistributedSampler(shuffle=True, seed=seed)`` draws after ``set_epoch``:
+    global batch ``s`` is positions ``s·B … (s+1)·B − 1`` of it, rank r taking every world-th."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
 
 
 def train_reference(sizes: list[int], global_batch: int, steps: int, lr: float, seed: int
@@ -41,8 +49,10 @@ def train_reference(sizes: list[int], global_batch: int, steps: int, lr: float, 
     torch.manual_seed(seed)
     model = MLP(sizes)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    data = make_dataset(steps, global_batch, sizes, seed)
+    order = epoch_order(len(data), seed)
     for step in range(steps):
-        x, y = make_batch(step, global_batch, sizes, seed)
+        x, y = data[order[step * global_batch:(step + 1) * global_batch]]
         F.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -73,19 +83,22 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     model = DDP(MLP(sizes))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    data = make_dataset(args.steps, args.global_batch, sizes, args.seed)
+    sampler = DistributedSampler(data, shuffle=True, seed=args.seed)  # rank r: every world-th
+    loader = DataLoader(data, batch_size=share, sampler=sampler)
+    sampler.set_epoch(0)  # one epoch here; a longer run calls it at each epoch's start
     times = []
-    for step in range(args.steps):
-        x, y = make_batch(step, args.global_batch, sizes, args.seed)
-        mine = slice(rank * share, (rank + 1) * share)
+    for step, (x, y) in zip(range(args.steps), loader):
         start = time.perf_counter()
-        loss = F.mse_loss(model(x[mine]), y[mine])
+        loss = F.mse_loss(model(x), y)
         loss.backward()  # DDP averages the gradients over all ranks, on every node
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter() - start)
         print(f"step {step} loss {loss.item():.4f} {times[-1] * 1e3:.1f} ms", flush=True)
     node = os.environ.get("GROUP_RANK", "0")
-    print(f"done: world {world}, node {node}, mean step {sum(times) / len(times) * 1e3:.1f} ms",
+    mean = sum(times) / max(1, len(times))
+    print(f"done: world {world}, node {node}, mean step {mean * 1e3:.1f} ms",
           flush=True)
     if rank == 0 and args.out:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)

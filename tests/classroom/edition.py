@@ -23,13 +23,6 @@ from exercise_cells import _bound as _binds_simple, _is_stub, _source, find_exer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def python_source(source: str) -> str:
-    """A cell as Python: IPython's magics (``%load_ext``, a ``%%torchrun`` script cell) become the
-    calls IPython makes of them, one line each, so ``ast`` can read every cell."""
-    from IPython.core.inputtransformer2 import TransformerManager
-    return TransformerManager().transform_cell(source) if "%" in source else source
-
-
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 KEPT_MIME = re.compile(r"^(image/|text/html$)")
 SOLUTION_BLOCK = re.compile(r"<details>\s*<summary>Solution.*?</details>\s*", re.S)
@@ -62,10 +55,18 @@ def repeats_solution(node: ast.stmt, names: set[str], bodies: set[str]) -> bool:
                                      if isinstance(n, ast.FunctionDef))
 
 
+def python_only(source: str) -> str:
+    """The cell's Python, line for line: a ``%%magic`` line (``%%torchrun 2 ddp.py``: the rest of
+    the cell is a script), a ``%line_magic`` or a ``!shell`` line becomes empty, the line numbers
+    kept, so that a solution repeated in a script is found too."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.split("\n"))
+
+
 def hide_solutions(source: str, module: str | None, names: set[str], bodies: set[str],
                    where: str) -> tuple[str, list[str]]:
     """The cell with each definition that repeats a solution replaced by the library's import."""
-    tree = ast.parse(python_source(source))
+    tree = ast.parse(python_only(source))
     hidden = [n.name for n in tree.body if repeats_solution(n, names, bodies)]
     if not hidden:
         return source, []

@@ -47,7 +47,8 @@ def _collectives():
 
 
 def _scaling():
-    return [NS(mode=mode, world=w, compute_s=0.01 / w, comm_s=0.002 * w, efficiency=1 / (1 + 0.1 * w))
+    return [NS(mode=mode, world=w, compute_s=0.01 / w, comm_s=0.002 * w, sync_s=0.003 * w,
+               efficiency=1 / (1 + 0.1 * w))
             for mode in ("strong", "weak") for w in (1, 2, 4)]
 
 

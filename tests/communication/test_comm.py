@@ -314,3 +314,19 @@ def test_alpha_beta_str_and_bandwidth():
     fit = AlphaBeta(alpha=1e-4, beta=1e-9)
     assert fit.bandwidth_gbps == pytest.approx(1.0)
     assert "100.0 µs" in str(fit)
+
+
+def test_one_rank_rows_count_no_communication_and_the_reducer_is_taken_out():
+    # Chapter 05's one-rank rows once showed 2.7-3.7 ms of "comm" with no partner: DDP's own
+    # work (bucket copies, a one-rank all-reduce) counted as communication.
+    from course_lib.communication.scaling import ScalingRow, format_scaling, scaling_cause
+    one = ScalingRow("strong", 1, 1, 128, step_s=0.0202, compute_s=0.0165, allreduce_s=0.0,
+                     speedup=1.0, efficiency=1.0, compute_cpu_s=0.0165, reducer_s=0.0037)
+    two = ScalingRow("strong", 2, 1, 64, step_s=0.0231, compute_s=0.0121, allreduce_s=0.0058,
+                     speedup=0.87, efficiency=0.44, compute_cpu_s=0.0121, reducer_s=0.0037)
+    assert one.sync_s == pytest.approx(0.0037) and one.comm_s == 0.0
+    assert two.sync_s == pytest.approx(0.0110) and two.comm_s == pytest.approx(0.0073)
+    table = format_scaling([one, two]).splitlines()
+    assert "sync" in table[1] and "comm" in table[1]
+    assert table[2].split()[7:9] == ["3.7", "0.0"], table[2]
+    assert "exposed communication 7.3 ms" in scaling_cause([one, two])

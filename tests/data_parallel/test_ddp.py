@@ -50,10 +50,25 @@ def not_yet(model):
     raise NotImplementedError
 
 
+def divided_only(model):
+    for p in model.parameters():
+        p.grad /= dist.get_world_size()
+
+
+def nothing(model):
+    pass
+
+
 def test_gradient_averaging_exercise():
     assert check_true(lambda: check_average_gradients(average_gradients)).passed
     wrong = check_true(lambda: check_average_gradients(summed))
     assert not wrong.passed and "too large" in wrong.message
+    assert "Did you divide by the world size?" in wrong.message  # the hint names the mistake
+    local = check_true(lambda: check_average_gradients(nothing))
+    assert not local.passed and "all_reduce of each param.grad missing" in local.message
+    halved = check_true(lambda: check_average_gradients(divided_only))
+    assert not halved.passed and "the dist.all_reduce that sums over the ranks is missing" in \
+        halved.message, halved.message
     assert "not answered" in check_true(lambda: check_average_gradients(not_yet)).message
     with pytest.raises(TypeError, match="no parentheses"):
         check_average_gradients(None)
