@@ -1,16 +1,12 @@
 """``train_gpt(layout)``: predict, train on real ranks, measure — the capstone's notebook face.
 
-Before the run, :func:`predict_run` gives each rank's model-state bytes (chapter 09's
-:mod:`course_lib.composition.layouts`) and peak (:mod:`course_lib.capstone.predict`), the FLOPs
-of one step (``torch.utils.flop_counter`` on the dense model and the global batch) and, given
-this machine's constants (:func:`measure_constants`: matmul peak, α-β), the step time. After it,
-:func:`train_gpt` reports what the ranks measured: model-state bytes as stored, each rank's
-peak, the step times beside the prediction, tokens per second, and the course's MFU: the model
-FLOPs per second achieved (matmuls only: on the CPU the flop counter has no formula for the
-attention kernel) over a *measured* peak (``matmul_peak``, rank 0's best 512 × 512 fp32 product
-on one thread, times the cores the ranks ran on). PaLM's MFU (Chowdhery et al. 2022, appendix B)
-counts attention FLOPs and divides by the hardware's theoretical peak, so the two are not the
-same number: published MFUs are not comparable with this one.
+Before the run, :func:`predict_run` gives each rank's model-state bytes and peak, the FLOPs of
+one step (``torch.utils.flop_counter``) and, given this machine's constants (matmul peak, α-β),
+the step time. After it, :func:`train_gpt` reports bytes as stored, each rank's peak, step
+times beside the prediction, tokens per second and the course's MFU: model FLOPs per second
+(matmuls only: the CPU's attention kernel has no counter formula) over a *measured* peak
+(``matmul_peak``, one thread's best 512 × 512 fp32 product, times the cores the ranks ran on).
+PaLM's MFU (appendix B) counts attention and divides by the theoretical peak: not comparable.
 """
 from __future__ import annotations
 

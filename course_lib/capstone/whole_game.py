@@ -11,7 +11,9 @@ model on every layout.
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,7 +22,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 
-__all__ = ["train_gpt_ddp", "LIVE"]
+__all__ = ["train_gpt_ddp", "LIVE", "LONG_RUN_PATH", "stored_long_run"]
+
+#: the stored longer run (``python benchmarks/whole_game.py long-run`` writes it)
+LONG_RUN_PATH = Path(__file__).resolve().parents[2] / "data" / "whole_game_long_run.json"
 
 #: the settings chapter 00 trains with (the function's defaults), for scripts and tests
 LIVE = {"steps": 200, "global_batch": 16, "lr": 3e-3, "seed": 0, "preset": "tiny"}
@@ -57,3 +62,9 @@ def train_gpt_ddp(steps=200, global_batch=16, lr=3e-3, seed=0, preset="tiny"):
         losses.append(loss.item())
     weights = getattr(model, "module", model).state_dict()
     return {"losses": losses, "params": weights}
+
+
+def stored_long_run(path: Path | str = LONG_RUN_PATH) -> dict:
+    """The stored longer run of :func:`train_gpt_ddp`: its settings, date, machine, losses every
+    50 steps and the samples before and after (JSON written by ``benchmarks/whole_game.py``)."""
+    return json.loads(Path(path).read_text())

@@ -253,3 +253,18 @@ def test_the_step_verdict_states_the_direction_and_a_range_only_when_asked():
     assert "within" not in slow + fast and "bound" not in slow + fast
     assert step_verdict(result(3.5), STEP_RATIO_SEEN).endswith("(seen before): True")
     assert step_verdict(result(2.0), (3, 100)).endswith("(seen before): False")
+
+
+def test_chapter_12s_run_writes_in_the_corpus_style():
+    """Chapter 12's "train until it writes": the sample after 200 DDP steps beats the one before
+    by the margins chapter 00's test states (printable share, words found in the corpus)."""
+    from course_lib.capstone.sample import generate, model_from, printable_share, word_overlap
+    from course_lib.common.models import get_config
+    from test_whole_game import PRINTABLE_MARGIN, WORDS_MARGIN
+    r = train_gpt({"dp": 2}, preset="tiny", steps=200, batch_size=16, eval_every=20)
+    assert r["val_losses"][-1][1] < r["val_losses"][0][1] - 0.3  # it learns what it never read
+    tiny = get_config("tiny")
+    before = generate(model_from(tiny), n_bytes=160)
+    after = generate(model_from(tiny, r["params"]), n_bytes=160)
+    assert printable_share(after) >= printable_share(before) + PRINTABLE_MARGIN, (before, after)
+    assert word_overlap(after) >= word_overlap(before) + WORDS_MARGIN, (before, after)
