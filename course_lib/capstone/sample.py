@@ -4,8 +4,8 @@ seeded generator, so the same weights and seed give the same text.
 
 How much a sample reads like the corpus, in two numbers: :func:`printable_share` (characters
 that are printable ASCII or a newline; the corpus is all of them, an untrained model's bytes
-about 37 %) and :func:`word_overlap` (the share of its words, runs of two or more letters, that
-occur in the corpus). :func:`as_text` shows a sample as text: newlines as newlines, anything
+about 37 %) and :func:`word_overlap` (the share of its words, runs of three or more letters,
+that occur in the corpus; shorter runs of random bytes are often words by chance). :func:`as_text` shows a sample as text: newlines as newlines, anything
 outside printable ASCII as ``·``.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from course_lib.common.models import GPT, GPTConfig
 
 __all__ = ["model_from", "generate", "printable_share", "word_overlap", "corpus_words", "as_text"]
 
-_WORD = re.compile(r"[a-z]{2,}")
+_WORD = re.compile(r"[a-z]{3,}")
 
 
 def model_from(config: GPTConfig, params: dict[str, torch.Tensor] | None = None,
@@ -59,12 +59,12 @@ def printable_share(text: str) -> float:
 
 @functools.lru_cache(maxsize=1)
 def corpus_words() -> frozenset[str]:
-    """Every word (lower-case run of two or more letters) of the course corpus."""
+    """Every word (lower-case run of three or more letters) of the course corpus."""
     return frozenset(_WORD.findall(load_corpus().lower()))
 
 
 def word_overlap(text: str, vocabulary: frozenset[str] | None = None) -> float:
-    """The share of ``text``'s words (lower-case runs of two or more letters) found in
+    """The share of ``text``'s words (lower-case runs of three or more letters) found in
     ``vocabulary`` (the corpus's words by default); 0 for a text without words."""
     vocabulary = corpus_words() if vocabulary is None else vocabulary
     found = _WORD.findall(text.lower())

@@ -35,7 +35,7 @@ STRATEGIES = (
      "costs": "keys and values passed\naround a ring", "chapter": "09"},
     {"name": "Expert parallel", "splits": "the experts of an MoE layer",
      "saves": "expert weights ÷ N",
-     "costs": "all-to-all of tokens,\ntwice per MoE layer", "chapter": "09"},
+     "costs": "all-to-all of tokens into\nand out of every MoE layer", "chapter": "09"},
 )
 
 

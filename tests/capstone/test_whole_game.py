@@ -20,10 +20,11 @@ from figure_checks import texts, too_small  # noqa: E402
 #: the 2-rank curve stays within this of the 1-process curve over chapter 00's 200 steps
 #: (seen: under 1e-6, summation order); ranks reading the same rows are ~1e-2 off within 20 steps
 CURVE_TOLERANCE = 1e-4
-#: how much the sample after training must beat the one before (chapter 00's seeds and length):
-#: printable-ASCII share (seen: ~0.38 -> 1.00) and the share of its words found in the corpus
-#: (runs of 2+ letters; seen: 0-0.17 -> 0.3-0.6)
-PRINTABLE_MARGIN, WORDS_MARGIN = 0.4, 0.15
+#: how much the sample after training must beat the one before (the notebooks' seeds and
+#: lengths): printable-ASCII share (seen: 0.39-0.40 -> 1.00) and the share of its words (runs of
+#: 3+ letters) found in the corpus (seen: 0.00 -> 0.19 in chapters 00 and 12, 0.61 after the
+#: stored 1,500 steps)
+PRINTABLE_MARGIN, WORDS_MARGIN = 0.4, 0.1
 SAMPLE = {"n_bytes": 200}
 
 
