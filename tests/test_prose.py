@@ -48,6 +48,13 @@ CORRECTED = {
     r"× data-parallel size \|": "megatron-core parallel_state: world = TP × PP × CP × DP",
     r"The next cell takes about 10 s on an idle": "chapter 1's stored fake 7B step printed 4.2 s",
     r"103,696|103_696": "chapter 11's student MLP(128, 256, 256, 16) has 102,928 parameters",
+    # chapter 12 against torch 2.13 and PaLM (issue 48, findings 7 and 8)
+    r"at least 1 on any machine|\(a lower bound\): ":
+        "the step prediction adds un-overlapped α-β communication with α fitted once: a model, not a bound",
+    r"two all-gathers and one\s+reduce-scatter per unit":
+        "fully_shard's reshard_after_forward=None is False for the root: it is gathered once per step",
+    r"PP's two sends": "pp_step sends the activation, its gradient and the loss: three messages",
+    r"\(matmuls and attention": "the CPU's SDPA kernel has no formula in torch/utils/flop_counter.py",
     r"Adam divides by its square root, turning noise":
         "torch.optim.Adam's lr·m/(√v+ε), ε = 1e-8: noise of 1e-10 moves a weight ~1 % of lr, not lr",
     r"up to ~1e-5 here": "chapter 09's output beside it prints weight differences of 5e-5",

@@ -1,13 +1,12 @@
 """``train_gpt(layout)``: predict, train on real ranks, measure — the capstone's notebook face.
 
-Before the run, :func:`predict_run` gives each rank's model-state bytes (chapter 09's
-:mod:`course_lib.composition.layouts`) and peak (:mod:`course_lib.capstone.predict`), the FLOPs
-of one step (``torch.utils.flop_counter`` on the dense model and the global batch) and, given
-this machine's constants (:func:`measure_constants`: matmul peak, α-β), the step time. After it,
-:func:`train_gpt` reports what the ranks measured: model-state bytes as stored, each rank's
-peak, the step times beside the prediction, tokens per second, and MFU: the model FLOPs per
-second achieved over the peak of this CPU (``matmul_peak``, measured by rank 0 on one thread,
-times the cores the ranks ran on).
+Before the run, :func:`predict_run` gives each rank's model-state bytes and peak, the FLOPs of
+one step (``torch.utils.flop_counter``) and, given this machine's constants (matmul peak, α-β),
+the step time. After it, :func:`train_gpt` reports bytes as stored, each rank's peak, step
+times beside the prediction, tokens per second and the course's MFU: model FLOPs per second
+(matmuls only: the CPU's attention kernel has no counter formula) over a *measured* peak
+(``matmul_peak``, one thread's best 512 × 512 fp32 product, times the cores the ranks ran on).
+PaLM's MFU (appendix B) counts attention and divides by the theoretical peak: not comparable.
 """
 from __future__ import annotations
 
@@ -65,7 +64,9 @@ def validate_run(layout: object, preset: str | GPTConfig, steps: object, batch_s
 @functools.lru_cache(maxsize=16)
 def step_flops(config: GPTConfig, batch_size: int) -> int:
     """FLOPs of one training step (forward, loss, backward) of the dense GPT on the global
-    batch, counted by ``torch.utils.flop_counter`` (matmuls and attention; Adam is not counted)."""
+    batch, counted by ``torch.utils.flop_counter``: the matmuls, 6 per weight and token. The
+    counter has formulas for the flash, memory-efficient and cuDNN attention kernels but not for
+    the CPU's, so on the CPU attention's own products (QKᵀ, AV) are not counted; nor is Adam."""
     torch.manual_seed(0)
     model = GPT(config)
     x = torch.randint(0, config.vocab_size, (batch_size, config.seq_len))

@@ -3,15 +3,18 @@
 Peak (:func:`predict_peak`): chapter 01's two moments (start and end of backward) on the rank's
 share, with its model-state bytes from chapter 09's layouts: dp splits the batch, TP what a
 block saves inside attention and the MLP, PP the blocks; FSDP2 adds its gathered root, DDP its
-gradient buckets. Step time (:func:`predict_step_time`): the FLOPs split over dp × tp × pp at
-this CPU's matmul peak, stretched by chapter 04's bubble, plus :func:`comm_per_step` on chapter
-05's α-β model, nothing overlapped. Both are close to lower bounds: gradients in flight inside
-backward are left out of the peak; Adam, LayerNorm, softmax, Python and small matrices' low
-matmul rate are left out of the time.
+gradient buckets. Gradients in flight inside backward are left out: close to a lower bound.
+Step time (:func:`predict_step_time`): the FLOPs split over dp × tp × pp at this CPU's matmul
+peak, stretched by chapter 04's bubble, plus :func:`comm_per_step` on chapter 05's α-β model
+with α and β fitted once before training, nothing overlapped. A model, not a bound: it leaves
+out Adam, LayerNorm, softmax, Python and small matrices' lower matmul rate (which make a CPU
+step slower) and overlap (which makes it faster), and its α comes from one fit.
 """
 from __future__ import annotations
 
 import math
+
+import torch.distributed as dist
 
 from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPTConfig
@@ -20,9 +23,17 @@ from course_lib.memory.predict import activation_terms, batch_bytes
 from course_lib.pipeline_parallel.measure import bubble_formula
 
 __all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
-           "predict_step_time", "DDP_BUCKET_BYTES"]
+           "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
+#: DDP's first bucket (the last layers' gradients, ready first) closes at 1 MiB by default
+DDP_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES if dist.is_available() else 2**20
+
+
+def ddp_buckets(grad_bytes: int) -> int:
+    """All-reduces DDP makes per step once it has rebuilt its buckets (from the second step on;
+    the first puts every gradient in one): a first bucket of 1 MiB, then 25 MiB ones."""
+    return 1 + -(-max(0, grad_bytes - DDP_FIRST_BUCKET_BYTES) // DDP_BUCKET_BYTES)
 
 
 def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
@@ -77,16 +88,17 @@ def comm_per_step(config: GPTConfig, layout: dict[str, int], batch_size: int,
     out = [("the loss's global mean", "all_reduce", FP32, world, 1)]
     if "dp" in layout:
         out.append(("DDP's gradient buckets", "all_reduce", states["grads"], layout["dp"],
-                    -(-states["grads"] // DDP_BUCKET_BYTES)))
-    if "dp_shard" in layout:  # per unit (every block and the root): gather twice, scatter once
-        full, p = states["params"] * layout["dp_shard"], layout["dp_shard"]
-        out += [("FSDP2's parameter all-gathers", "all_gather", 2 * full, p, 2 * (layers + 1)),
+                    ddp_buckets(states["grads"])))
+    if "dp_shard" in layout:  # every block: gathered in forward and again in backward; the root
+        full, p = states["params"] * layout["dp_shard"], layout["dp_shard"]  # stays gathered
+        root = root_bytes(config, 0 if "pp" in layout else None, layout.get("pp", 1))  # pp: stage 0
+        out += [("FSDP2's parameter all-gathers", "all_gather", 2 * full - root, p, 2 * layers + 1),
                 ("FSDP2's gradient reduce-scatters", "reduce_scatter", full, p, layers + 1)]
     if "tp" in layout:  # attention and MLP outputs forward, their input gradients backward
         out.append(("TP's block all-reduces", "all_reduce", 4 * layers * bsh, layout["tp"],
                     4 * layers))
-    if "pp" in layout:
-        out.append(("PP's activation and its gradient", "send", 2 * bsh, 2, 2))
+    if "pp" in layout:  # forward the activation; back its gradient and the last stage's loss
+        out.append(("PP's activation, its gradient and the loss", "send", 2 * bsh + FP32, 2, 3))
     return out
 
 

@@ -1,16 +1,98 @@
-"""Chapter 12's tables, figure and widget: predicted next to measured, curves that coincide."""
+"""Chapter 12's tables, figure and widget: predicted next to measured, curves that coincide;
+chapter 00's whole game (one process and two ranks on one curve) and the map of strategies."""
 from __future__ import annotations
 
 from course_lib.display import DPI, FIGSIZE, FONT_MIN, WIDGET_STYLE
 from course_lib.common.plots import legible
 
-__all__ = ["format_side_by_side", "format_speed", "step_verdict", "curve_gap", "format_curves",
+__all__ = ["STRATEGIES", "plot_strategy_map", "plot_whole_game", "format_side_by_side", "format_speed", "step_verdict", "curve_gap", "format_curves",
            "plot_curves", "train_widget", "STEP_RATIO_SEEN"]
 
 #: measured / predicted step time seen on this project's 2-core machine (tiny and small presets,
 #: every layout; x3.5 idle, up to x100 busy): a record, not a range any machine keeps to, so
 #: :func:`step_verdict` compares with it only when asked
 STEP_RATIO_SEEN = (3, 100)
+
+
+#: The map chapter 00 draws: each strategy, what it splits over the ranks, what that saves, what
+#: it costs in communication per training step (Ψ: the model's bytes), and where the course
+#: teaches it. FSDP's 1.5×: two all-gathers and a reduce-scatter of Ψ each against DDP's
+#: all-reduce of 2Ψ (the ZeRO paper's count, section 7).
+STRATEGIES = (
+    {"name": "Data parallel (DDP)", "splits": "the batch",
+     "saves": "time: N ranks share\nevery batch",
+     "costs": "all-reduce of the gradients (≈2Ψ),\noverlapped with backward", "chapter": "02"},
+    {"name": "ZeRO / FSDP", "splits": "the batch; parameters,\ngradients, optimizer states",
+     "saves": "model states ÷ N",
+     "costs": "all-gather params twice, reduce-\nscatter grads (≈1.5× DDP)",
+     "chapter": "03, 08"},
+    {"name": "Tensor parallel", "splits": "each layer's matrices",
+     "saves": "weights and a layer's\nactivations ÷ N",
+     "costs": "all-reduce of activations inside\nevery block: fast links only", "chapter": "04"},
+    {"name": "Pipeline parallel", "splits": "the layers into stages", "saves": "weights ÷ stages",
+     "costs": "small sends between stages;\nidle bubble", "chapter": "04"},
+    {"name": "Context parallel", "splits": "the sequence", "saves": "long sequences' activations",
+     "costs": "keys and values passed\naround a ring", "chapter": "09"},
+    {"name": "Expert parallel", "splits": "the experts of an MoE layer",
+     "saves": "expert weights ÷ N",
+     "costs": "all-to-all of tokens into\nand out of every MoE layer", "chapter": "09"},
+)
+
+
+@legible
+def plot_strategy_map(strategies: tuple[dict, ...] = STRATEGIES):
+    """One row per strategy: what it splits, what it saves, what it costs, its chapter."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    from course_lib.display import PALETTE, ink
+
+    columns = [("splits", "splits over N ranks"), ("saves", "saves"),
+               ("costs", "costs in communication")]
+    widths, x0 = (2.2, 2.6, 2.4, 3.3), [0.0]
+    for w in widths[:-1]:
+        x0.append(x0[-1] + w)
+    rows = len(strategies)
+    fig, ax = plt.subplots(figsize=(10.5, 0.62 * rows + 1.2), dpi=DPI)
+    for j, (_, title) in enumerate([("name", "strategy (chapter)"), *columns]):
+        ax.text(x0[j] + 0.08, rows + 0.15, title, fontsize=FONT_MIN + 1, weight="bold", va="bottom")
+    for i, s in enumerate(strategies):
+        y = rows - 1 - i
+        colour = PALETTE[i % len(PALETTE)]
+        ax.add_patch(FancyBboxPatch((x0[0] + 0.04, y + 0.08), widths[0] - 0.08, 0.84,
+                                    boxstyle="round,pad=0,rounding_size=0.08", color=colour))
+        ax.text(x0[0] + widths[0] / 2, y + 0.5, f"{s['name']}\nchapter {s['chapter']}",
+                ha="center", va="center", color=ink(colour), fontsize=FONT_MIN, weight="bold")
+        for j, (key, _) in enumerate(columns, start=1):
+            ax.add_patch(FancyBboxPatch((x0[j] + 0.04, y + 0.08), widths[j] - 0.08, 0.84,
+                                        boxstyle="round,pad=0,rounding_size=0.08",
+                                        facecolor="#f4f4f4", edgecolor=colour))
+            ax.text(x0[j] + 0.12, y + 0.5, s[key], va="center", fontsize=FONT_MIN)
+    ax.text(0.08, -0.1, "Ψ: the model's bytes. Chapter 09 combines them; chapter 12 trains the "
+            "GPT on each.", va="top", fontsize=FONT_MIN)
+    ax.set_xlim(0, sum(widths))
+    ax.set_ylim(-0.5, rows + 0.7)
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+@legible
+def plot_whole_game(one: dict, two: dict):
+    """The loss per step of one process and of two DDP ranks, on one figure."""
+    import matplotlib.pyplot as plt
+
+    gap = max(abs(a - b) for a, b in zip(one["losses"], two["losses"]))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    steps = range(1, len(one["losses"]) + 1)
+    ax.plot(steps, one["losses"], linewidth=4, alpha=0.5, label="one process")
+    ax.plot(steps, two["losses"], "--", linewidth=1.5, label="two ranks, torch's DDP")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per byte)")
+    ax.set_title(f"the same GPT, the same batches: one curve (largest gap {gap:.0e})")
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 def _name(layout: dict) -> str:
@@ -51,10 +133,10 @@ def step_verdict(result: dict, seen: tuple[float, float] | None = None) -> str:
     """Which way the step-time prediction erred, and by how much, from the measurement; with
     ``seen`` (e.g. :data:`STEP_RATIO_SEEN`) also whether the ratio lies in that range."""
     ratio, t = result["step_ratio"], result["step_predicted"]
+    way = "slower than predicted" if ratio >= 1 else "faster than predicted"
     line = (f"{_name(result['layout'])}: predicted {t['step_s'] * 1e3:.2f} ms (compute "
             f"{t['compute_s'] * 1e3:.2f} + communication {t['comm_s'] * 1e3:.2f}), measured "
-            f"{result['step_seconds'] * 1e3:.1f} ms: x{ratio:.1f}; slower than predicted (a lower "
-            f"bound): {ratio >= 1}")
+            f"{result['step_seconds'] * 1e3:.1f} ms: x{ratio:.1f}, {way}")
     if seen is not None:
         line += f"; within x{seen[0]:g}-x{seen[1]:g} (seen before): {seen[0] <= ratio <= seen[1]}"
     return line

@@ -1,16 +1,13 @@
 """The course dataset: Shakespeare's plays as byte-level tokens, per-rank batches.
 
-The corpus (``data/corpus.txt``, 1.1 MB) is Tiny Shakespeare, the public-domain text
-character-level GPT tutorials train on (source and checksum in ``data/README.md``), so a trained
-model's samples read as a play. Tokens are raw bytes (vocabulary 256), so there is no tokenizer
-to install or learn. The corpus is read and encoded once per process (:func:`corpus_tokens`).
-
-:func:`get_batch` draws a *global* batch of ``batch_size * world_size`` windows, deterministic
-in ``(seed, step)``, and hands rank ``r`` rows ``r*batch_size:(r+1)*batch_size``: the ranks'
-shards are distinct and their concatenation is exactly what one process would see with the
-global batch — the property data parallelism (chapter 2) is checked against.
-:func:`make_corpus` keeps the course's earlier generated corpus (template sentences and sums)
-for the fine-tuning lab, which needs two kinds of lines. Introduced in chapter 1.
+``data/corpus.txt`` (1.1 MB) is Tiny Shakespeare, the public-domain text character-level GPT
+tutorials train on (source and checksum: ``data/README.md``); tokens are raw bytes (vocabulary
+256), read once per process (:func:`corpus_tokens`). :func:`get_batch` draws a *global* batch of
+``batch_size * world_size`` windows, deterministic in ``(seed, step)``, and hands rank ``r`` rows
+``r*batch_size:(r+1)*batch_size``: the ranks' shards are distinct and concatenate to what one
+process sees with the global batch, the property data parallelism is checked against.
+:func:`make_corpus` keeps the earlier generated text (sentences and sums) for chapter 07's
+fine-tuning lab, which needs two kinds of lines. Introduced in chapter 1.
 """
 from __future__ import annotations
 
