@@ -1,17 +1,13 @@
 """Strong scaling, 1 vs 2 pinned ranks, as the link slows: measured beside α-β (chapter 05).
 
-:func:`scaling_over_link` runs two ranks, each pinned to a core of its own, joined by a shaped
-link (:func:`course_lib.launcher.shaped_link.run_pair`). Rank 0 times the whole global
-batch alone (``t1_s``: one rank, no communication, the baseline) while rank 1 waits; both ranks time
-torch's DDP step on half the batch each (``t2_s``) and the bare all-reduce of all gradients
-(``allreduce_s``): per link rate, interleaved round by round; medians, the slower rank's. ``speedup = t1 /
-t2``. The α-β prediction uses the baseline and the link, never ``t2``: compute splits in two
-(``t1/2``), the gradients cost the unthrottled all-reduce (measured, its α and CPU β) plus
-``4Ψ·8 / rate`` seconds on the wire (each rank sends 4Ψ bytes at p = 2). With no overlap the
-step is ``t1/2 + comm``; with perfect overlap ``max(t1/2, comm)``: the measured speedup should
-lie between the two. There is no widening: a speedup outside is reported as outside, by how much
-(measured speedups tend to lie below the no-overlap end: half the batch costs more than half the
-compute, and DDP's reducer adds its own work; docs/decisions.md, "The scaling band").
+:func:`scaling_over_link` runs two ranks pinned to cores of their own, joined by a shaped link
+(:func:`course_lib.launcher.shaped_link.run_pair`). Rank 0 times the global batch alone (``t1_s``,
+the baseline); both ranks time torch's DDP step on half the batch (``t2_s``) and the bare
+all-reduce of all gradients (``allreduce_s``), per link rate, interleaved; medians, the slower
+rank's. ``speedup = t1 / t2``. The α-β prediction never uses ``t2``: compute ``t1/2``, plus the
+unthrottled all-reduce and ``4Ψ·8 / rate`` seconds on the wire. No overlap gives
+``t1/2 + comm``, perfect overlap ``max(t1/2, comm)``; a speedup outside that band is reported as
+outside, by how much, with no widening (docs/decisions.md, "The scaling band").
 """
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
-"""How much communication DDP's bucketed overlap hides, measured over a slow link (chapter 02).
+"""How much communication DDP's bucketed overlap hides, measured over a slow link (chapter 05).
 
-:func:`measure_overlap` runs two pinned ranks joined by a shaped link
-(:mod:`course_lib.launcher.shaped_link`), so the gradients take real wire time (``rate_mbit``)
-while the CPU stays free for backward. Every rank times, interleaved, medians over ``steps``,
-the slower rank's: the step with no communication (``compute_s``: ``no_sync``), the all-reduce
-of all gradients alone (``comm_s``), torch's DDP step, whose buckets (``bucket_cap_mb``) are
-all-reduced while backward goes on (``step_overlapped_s``), and the same step with one bucket
-for all gradients, all-reduced when backward ends (``step_serial_s``). Both DDP models keep the
-gradients as views of their buckets (:func:`overlap_models`), so the serial step pays no copy the
-overlapped one does not. Each is a timer's reading; ``exposed_comm_s = overlapped - compute``,
-``hidden_s = comm - exposed`` (what overlap hid) and ``hidden_share = hidden / comm`` are derived
-from them. The model predicts the serial step at compute + comm and the overlapped one between
-max(compute, comm) and compute + comm; it can hide at most min(compute, comm).
+:func:`measure_overlap` runs two pinned ranks joined by a shaped link, so gradients take real wire
+time while the CPU stays free for backward. Each rank times, interleaved, medians, the slower
+rank's: no communication (``compute_s``, ``no_sync``), the all-reduce alone (``comm_s``), torch's
+DDP step with buckets all-reduced during backward (``step_overlapped_s``), and the same step with
+one bucket all-reduced when backward ends (``step_serial_s``). Both models keep gradients as views
+of their buckets (:func:`overlap_models`), so the serial step pays no copy the overlapped one does
+not. ``exposed_comm_s = overlapped - compute``, ``hidden_s = comm - exposed``; overlap can hide at
+most min(compute, comm).
 """
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Train a small MLP with DDP on a fixed global batch — one script for 1 process, 1 node, N nodes.
 
-Chapter 5 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
-single process's on the same global batch: data parallelism changes where the work runs, not the
-result. A ``DistributedSampler`` deals one shuffled epoch of samples out to the ranks: global
-batch ``s`` is positions ``s·B … (s+1)·B − 1`` of the shuffle, each rank taking every world-th.
-Run ``python course_lib/scripts/train_ddp.py --out one.pt`` or
+Chapter 05 runs it as two "nodes" (two torchrun agents) and checks that the parameters equal a
+single process's on the same global batch. A ``DistributedSampler`` deals one shuffled epoch out
+to the ranks, each taking every world-th sample of the global batch. Run
+``python course_lib/scripts/train_ddp.py --out one.pt`` or
 ``torchrun --standalone --nproc-per-node=2 course_lib/scripts/train_ddp.py --out node.pt``;
-``course_lib.communication.multinode.run_two_nodes()`` builds and runs the two-node command lines
-(written out in docs/decisions.md). ``--standalone`` is for your own machine only: torchrun's
-stores have no authentication and listen on every interface; on a shared machine (a JupyterHub)
-use ``course_lib.torchrun(...)`` or ``run_two_nodes()``: they run the job in a private network
-namespace (docs/architecture.md, "Trust boundary").
+``course_lib.communication.multinode.run_two_nodes()`` builds the two-node command lines.
+``--standalone`` is for your own machine only: torchrun's stores have no authentication; on a
+shared machine use ``course_lib.torchrun(...)`` or ``run_two_nodes()`` (a private network
+namespace; docs/architecture.md, "Trust boundary").
 """
 from __future__ import annotations
 
