@@ -157,7 +157,8 @@ def schedule_gap(sweep: BubbleSweep) -> str:
     if all(g.for_actions is not None and o.for_actions is not None for g, o in pairs):
         laid = ", ".join(f"{o.for_actions - g.for_actions:+.3f}" for g, o in pairs)
         line += f"; laid out from each step's own actions, messages free: {laid}"
-    return line
+    why = sweep.spoiled()
+    return f"{line} (not the schedules' alone: {why})" if why else line
 
 
 def _model(value: float | None, measured: float, width: int) -> str:
