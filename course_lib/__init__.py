@@ -108,3 +108,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext course_lib``: the ``%%torchrun NPROC NAME.py`` cell magic
+    (:mod:`course_lib.launcher.script_magic`)."""
+    from course_lib.launcher import script_magic
+    script_magic.load_ipython_extension(ipython)

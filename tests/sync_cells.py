@@ -10,6 +10,10 @@ definitions equal to the module's, untagged cells, outputs and metadata stay byt
 ``--check`` writes nothing and exits 1 if a cell differs. ``tests/test_cell_library_identity.py``
 runs the same comparison and points here. A cell name the module lacks cannot be synced: fix it
 by hand (the command lists it and exits 1).
+
+A code cell whose metadata says ``"script_copy": "course_lib/scripts/NAME.py"`` holds a whole
+script under one ``%%torchrun NPROC NAME.py`` line: everything after that line must equal the
+file, byte for byte; syncing writes the file's text under the cell's own first line.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 KEY = "library_copy"
+SCRIPT_KEY = "script_copy"
 COMMAND = "python -m tests.sync_cells"
 
 
@@ -30,6 +35,31 @@ def tagged_cells(path: Path) -> list[tuple[int, str, str]]:
     cells = json.loads(path.read_text())["cells"]
     return [(i, c["metadata"][KEY], "".join(c["source"])) for i, c in enumerate(cells)
             if c["cell_type"] == "code" and KEY in c.get("metadata", {})]
+
+
+def script_cells(path: Path) -> list[tuple[int, str, str]]:
+    """(cell index, script path, source) of every cell tagged as a script copy."""
+    cells = json.loads(path.read_text())["cells"]
+    return [(i, c["metadata"][SCRIPT_KEY], "".join(c["source"])) for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and SCRIPT_KEY in c.get("metadata", {})]
+
+
+def script_path(script: str) -> Path:
+    """The file of ``script`` (``course_lib/scripts/NAME.py``) in this checkout."""
+    path = ROOT / script
+    if not (script.startswith("course_lib/scripts/") and script.endswith(".py")) or not path.is_file():
+        raise FileNotFoundError(f"no script {script} in {ROOT / 'course_lib' / 'scripts'}")
+    return path
+
+
+def script_drift(cell_source: str, script: str, script_source: str) -> list[str]:
+    """What differs between a ``%%torchrun`` cell and its script (empty: identical)."""
+    first, _, body = cell_source.partition("\n")
+    words = first.split()
+    name = script.rsplit("/", 1)[-1]
+    if words[:1] != ["%%torchrun"] or name not in words[2:3]:
+        return [f"the first line is not '%%torchrun NPROC {name}'"]
+    return [] if body == script_source else [f"the cell's script differs from {script}"]
 
 
 def module_path(module: str) -> Path:
@@ -85,6 +115,19 @@ def sync_notebook(path: Path, write: bool = True) -> list[str]:
     nb = json.loads(text)
     problems = []
     for i, cell in enumerate(nb["cells"]):
+        script = cell.get("metadata", {}).get(SCRIPT_KEY)
+        if cell["cell_type"] == "code" and script is not None:
+            source = "".join(cell["source"])
+            try:
+                text = script_path(script).read_text()
+            except FileNotFoundError as err:
+                problems.append(f"{path.name} cell {i}: {err}")
+                continue
+            found = script_drift(source, script, text)
+            problems += [f"{path.name} cell {i}: {p}" for p in found]
+            if found and source.startswith("%%torchrun"):
+                cell["source"] = (source.partition("\n")[0] + "\n" + text).splitlines(keepends=True)
+            continue
         module = cell.get("metadata", {}).get(KEY)
         if cell["cell_type"] != "code" or module is None:
             continue
@@ -112,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     for path in args.notebooks or NOTEBOOKS:
         problems += sync_notebook(path, write=not args.check)
-    unsyncable = [p for p in problems if "differs from" not in p]
+    unsyncable = [p for p in problems if "differs from" not in p and "script differs" not in p]
     for p in problems:
         print(p if args.check or p in unsyncable else p + ": written from the library")
     return 1 if (args.check and problems) or unsyncable else 0

@@ -6,13 +6,15 @@ top-level ``def``/``class`` in the cell must be identical, as an AST (docstrings
 comments and formatting not), to the definition of the same name in the module. Later chapters,
 the checks and the unit tests import the module; the learner edits and reruns the cell.
 ``python -m tests.sync_cells`` (``tests/sync_cells.py``, which holds the comparison) writes the
-module's definitions into the cells.
+module's definitions into the cells. A cell tagged ``"script_copy": "course_lib/scripts/NAME.py"``
+is a ``%%torchrun NPROC NAME.py`` line followed by the whole script, byte for byte.
 """
 from __future__ import annotations
 
 import pytest
 
-from sync_cells import COMMAND, KEY, NOTEBOOKS, drift, module_path, tagged_cells
+from sync_cells import (COMMAND, KEY, NOTEBOOKS, drift, module_path, script_cells, script_drift,
+                        script_path, tagged_cells)
 
 
 CASES = [(path, index, module, source) for path in NOTEBOOKS
@@ -45,3 +47,25 @@ def test_the_checker_finds_a_changed_body_a_missing_name_and_an_empty_cell():
         ["f differs from m.f"]
     assert drift("def g():\n    pass\n", library, "m") == ["g is not defined in m"]
     assert drift("x = 1\n", library, "m") == ["the cell defines no function or class"]
+
+
+SCRIPT_CASES = [(path, index, script, source) for path in NOTEBOOKS
+                for index, script, source in script_cells(path)]
+
+
+@pytest.mark.parametrize("path,index,script,source", SCRIPT_CASES,
+                         ids=[f"{p.stem}-cell{i}" for p, i, _, _ in SCRIPT_CASES])
+def test_each_script_cell_is_identical_to_its_script(path, index, script, source):
+    problems = script_drift(source, script, script_path(script).read_text())
+    assert not problems, (f"{path.name} cell {index}: " + "; ".join(problems) + ". Change both or "
+                          f"neither; `{COMMAND}` writes the script into the cell")
+
+
+def test_the_script_checker_finds_a_changed_line_and_a_wrong_magic_line():
+    script = "import os\nprint(os.getpid())\n"
+    name = "course_lib/scripts/ddp.py"
+    assert script_drift("%%torchrun 2 ddp.py\n" + script, name, script) == []
+    assert script_drift("%%torchrun 2 ddp.py\n" + script.replace("os.", "os .", 1), name, script)
+    assert script_drift("%%torchrun 2 ddp.py\n" + script.rstrip("\n"), name, script)
+    assert script_drift("%%torchrun 2 fsdp.py\n" + script, name, script)
+    assert script_drift(script, name, script)

@@ -1,0 +1,178 @@
+"""``%%torchrun NPROC NAME.py``: run the script typed in a cell under the real torchrun, beside one process.
+
+``%load_ext course_lib`` loads it. The cell's text becomes ``NAME.py`` in a private temp folder
+(its working folder, removed afterwards: never the learner's folders), run under
+:func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed), then as one plain process.
+Both print ``step N loss X`` (``course_lib/scripts/tiny.py``); one line sets the final losses side
+by side with ``TOLERANCE`` (1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a
+bfloat16 policy; why: docs/decisions.md); returns a :class:`ScriptRun`. Options after the name:
+``--no-reference``, ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course_lib.launcher import devices
+from course_lib.launcher.torchrun import torchrun
+
+__all__ = ["ScriptRun", "run_script", "parse_losses", "torchrun_magic", "load_ipython_extension",
+           "TOLERANCE", "TOLERANCE_BF16"]
+
+TOLERANCE = 1e-4
+TOLERANCE_BF16 = 2e-3
+_LOSS = re.compile(r"^(?:\[rank (\d+)\] )?step (\d+) loss (\S+)$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.py$")
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding course_lib
+
+
+@dataclass
+class ScriptRun:
+    """Losses per step of the script on ``nprocs`` ranks and (unless skipped) in one process."""
+
+    name: str
+    nprocs: int
+    losses: list = field(repr=False)
+    reference_losses: list | None = field(repr=False)
+    tolerance: float
+    output: str = field(repr=False, default="")
+
+    @property
+    def final(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    @property
+    def reference_final(self) -> float | None:
+        return self.reference_losses[-1] if self.reference_losses else None
+
+    @property
+    def difference(self) -> float | None:
+        if self.final is None or self.reference_final is None:
+            return None
+        return abs(self.final - self.reference_final)
+
+    @property
+    def within(self) -> bool | None:
+        """Whether the final losses agree within the tolerance (None: nothing to compare)."""
+        return None if self.difference is None else self.difference <= self.tolerance
+
+    def verdict(self) -> str:
+        """The comparison line the magic prints."""
+        ranks = f"{self.nprocs} rank{'s' * (self.nprocs != 1)}"
+        if self.final is None:
+            return f"{self.name}: no 'step N loss X' line on {ranks}: nothing to compare"
+        if self.reference_losses is None:
+            return f"{self.name}: final loss on {ranks} {self.final:.6f} (no one-process run)"
+        if self.reference_final is None:
+            return f"{self.name}: final loss on {ranks} {self.final:.6f}; one process printed none"
+        word = "equal within" if self.within else "DIFFERENT: beyond"
+        diff = f"{self.difference:.1e}" if self.difference else "below 1e-06 (the digits printed)"
+        return (f"final loss: {ranks} {self.final:.6f}, one process {self.reference_final:.6f}, "
+                f"difference {diff} ({word} the tolerance {self.tolerance:.0e})")
+
+
+def parse_losses(output: str) -> list[float]:
+    """The ``step N loss X`` values in step order, from the first rank that printed any."""
+    found: dict[int, float] = {}
+    rank_seen = None
+    for line in output.splitlines():
+        match = _LOSS.match(line.strip())
+        if not match:
+            continue
+        rank = match.group(1)
+        if rank_seen is None:
+            rank_seen = rank
+        if rank == rank_seen:
+            found[int(match.group(2))] = float(match.group(3))
+    return [found[k] for k in sorted(found)]
+
+
+def tolerance_for(text: str) -> float:
+    """The course's tolerance for a script: wider where it computes in bfloat16."""
+    return TOLERANCE_BF16 if "bfloat16" in text else TOLERANCE
+
+
+def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bool = True,
+               args: tuple = (), timeout: float = 300.0, quiet: bool = False) -> ScriptRun:
+    """Run ``text`` as ``name`` under torchrun on ``nprocs`` ranks, then alone; compare."""
+    devices.plan(nprocs)  # bad input fails here, before any process starts
+    devices.validate_timeout(timeout)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"the script's name must be a plain file name ending in .py, got {name!r}")
+    folder = tempfile.mkdtemp(prefix="course_lib_script_")  # 0700, private to this user
+    path = os.path.join(folder, name)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    here = os.getcwd()
+    try:
+        Path(path).write_text(text)
+        os.chdir(folder)  # the job's working folder: what it writes stays in the temp folder
+        try:
+            result = torchrun(path, nprocs, args, timeout=timeout, env=env, quiet=quiet)
+            output = result.output
+            ref = _alone(path, args, timeout, env, quiet) if reference else None
+        finally:
+            os.chdir(here)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    losses = parse_losses(output)
+    return ScriptRun(name, nprocs, losses, None if ref is None else parse_losses(ref),
+                     tolerance_for(text), output)
+
+
+def _alone(path: str, args: tuple, timeout: float, env: dict, quiet: bool) -> str:
+    """One plain process (no torchrun): its output, each line marked ``[one process]``."""
+    done = subprocess.run([sys.executable, path, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env,
+                                                           "OMP_NUM_THREADS": "1"})
+    text = (done.stdout + done.stderr).rstrip()
+    if not quiet and text:
+        print("\n".join(f"[one process] {line}" for line in text.splitlines()), flush=True)
+    if done.returncode:
+        raise RuntimeError(f"the one-process run of {os.path.basename(path)} exited with code "
+                           f"{done.returncode}:\n" + "\n".join(text.splitlines()[-20:]))
+    return text
+
+
+def _parse_line(line: str) -> tuple[int, str, bool, float, tuple]:
+    words = shlex.split(line)
+    args: tuple = ()
+    if "--" in words:
+        cut = words.index("--")
+        words, args = words[:cut], tuple(words[cut + 1:])
+    usage = "usage: %%torchrun NPROC NAME.py [--no-reference] [--timeout S] [-- ARGS...]"
+    if len(words) < 2 or not words[0].isdigit():
+        raise ValueError(usage)
+    nprocs, name, rest = int(words[0]), words[1], words[2:]
+    reference, timeout = True, 300.0
+    while rest:
+        word = rest.pop(0)
+        if word == "--no-reference":
+            reference = False
+        elif word == "--timeout" and rest:
+            timeout = float(rest.pop(0))
+        else:
+            raise ValueError(f"unknown option {word!r}; {usage}")
+    return nprocs, name, reference, timeout, args
+
+
+def torchrun_magic(line: str, cell: str) -> ScriptRun:
+    """The cell magic: ``%%torchrun NPROC NAME.py [--no-reference] [--timeout S] [-- ARGS]``."""
+    nprocs, name, reference, timeout, args = _parse_line(line)
+    run = run_script(cell, nprocs, name, reference=reference, args=args, timeout=timeout)
+    print(run.verdict(), flush=True)
+    if run.final is not None and not math.isfinite(run.final):
+        print("the loss is not finite: the run diverged", flush=True)
+    return run
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext course_lib.launcher.script_magic`` (or ``%load_ext course_lib``)."""
+    ipython.register_magic_function(torchrun_magic, magic_kind="cell", magic_name="torchrun")

@@ -1,0 +1,41 @@
+"""Data parallelism with torch's DDP: every rank holds the whole model and reads its own data.
+
+    torchrun --standalone --nproc-per-node=2 course_lib/scripts/ddp.py   # 2 ranks (CPU or GPUs)
+    python course_lib/scripts/ddp.py                                     # one process
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_lib.scripts import tiny
+
+local_rank = int(os.environ.get("LOCAL_RANK", 0))
+device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **tiny.alone())
+rank, world = dist.get_rank(), dist.get_world_size()
+
+model = DDP(tiny.model().to(device))  # same weights everywhere; DDP averages the gradients
+opt = torch.optim.Adam(model.parameters(), lr=tiny.LR)
+data = tiny.dataset()
+sampler = DistributedSampler(data, shuffle=True, seed=0)  # rank r reads every world-th window
+loader = DataLoader(data, batch_size=tiny.GLOBAL_BATCH // world, sampler=sampler)
+
+step = 0
+for epoch in range(tiny.STEPS * tiny.GLOBAL_BATCH // len(data)):
+    sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+    for x, y in loader:
+        loss = model.module.loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(mean := loss.detach() / world)  # the loss over the whole global batch
+        if rank == 0:
+            tiny.log(step, mean.item())
+        step += 1
+
+dist.destroy_process_group()
