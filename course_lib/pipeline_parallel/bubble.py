@@ -35,7 +35,8 @@ __all__ = ["TOLERANCE", "MIN_CORE_SHARE", "schedule_gap", "MIN_COMPUTE_RATIO", "
 #: Relative because the formula falls from 0.50 (m=1) to 0.11 (m=8, p=2): an absolute ±0.10 there
 #: accepted 0.21, nearly twice the formula. A fifth of the value leaves room for what the formula
 #: leaves out and the GPT's stages have: the first also runs the embeddings, the last the head and
-#: the loss (5 % apart in CPU time, which alone moves m=8's bubble by ~15 % of its value).
+#: the loss (in our runs about 5 % apart in time per micro-batch, which alone moves m=8's modelled
+#: bubble by ~15 % of its value: bubble_for_stages).
 TOLERANCE = 0.20
 #: Below this share of their compute time on a core, the ranks were starved: no verdict.
 MIN_CORE_SHARE = 0.8
