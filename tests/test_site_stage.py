@@ -32,7 +32,9 @@ def test_binder_base_and_github_come_from_the_readme_badge():
               "(https://mybinder.org/v2/gh/o/r/HEAD?urlpath=lab/tree/notebooks/00_a.ipynb)\n")
     assert stage.binder_base(readme) == BINDER
     assert stage.github_base(BINDER) == GITHUB
-    with pytest.raises(SystemExit, match="no Binder badge"):
+    plain = "## Teaching with Binder\n```\nhttps://mybinder.org/v2/gh/o/r/HEAD?urlpath=lab\n```\n"
+    assert stage.binder_base(plain) == BINDER  # no badge: the README's plain Binder link
+    with pytest.raises(SystemExit, match="no Binder link"):
         stage.binder_base("no badge here")
 
 
@@ -94,7 +96,9 @@ def test_staging_the_repository(tmp_path):
     assert not (tmp_path / "stale.md").exists()
     assert {p.relative_to(tmp_path).as_posix() for p in files} == {
         "index.md", "docs/glossary.md", "docs/architecture.md", "docs/contributing.md",
-        *(f"notebooks/{p.name}" for p in NOTEBOOKS)}
+        *(f"notebooks/{p.name}" for p in NOTEBOOKS),
+        *(image for image in stage.IMAGE.findall((ROOT / "README.md").read_text())
+          if (ROOT / image).is_file())}  # the README's figures, copied as stored
     home = (tmp_path / "index.md").read_text()
     assert "badge_logo.svg" not in home  # an image from the internet would load at view time
     toctree = re.findall(r"^notebooks/\S+$", home, re.M)

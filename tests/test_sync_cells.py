@@ -111,3 +111,21 @@ def test_synced_replaces_whole_definitions_with_decorators_and_keeps_the_rest():
     assert synced(cell, library) == ("y = 2\n@cache\ndef f(a):\n    return a + 1\n"
                                      "class C:  # same AST\n    n = 1")
     assert synced(cell.replace("n = 1", "n = 2"), library).endswith("class C:\n    n = 1")
+
+
+def test_a_drifted_script_cell_gets_the_script_back_under_its_own_magic_line(tmp_path):
+    """A ``script_copy`` cell: the text under its ``%%torchrun`` line is the file's, byte for byte."""
+    path = tmp_path / CHAPTER.name
+    shutil.copy(CHAPTER, path)
+    cells = _cells(path)
+    script = ROOT / "course_lib" / "scripts" / "ddp.py"
+    edited = script.read_text().replace("opt.zero_grad()", "pass", 1)
+    cells.append({"cell_type": "code", "execution_count": None, "id": "scriptcopy1",
+                  "metadata": {"script_copy": "course_lib/scripts/ddp.py"}, "outputs": [],
+                  "source": ("%%torchrun 4 ddp.py --no-reference\n" + edited).splitlines(True)})
+    _write(path, cells)
+    assert main(["--check", str(path)]) == 1
+    assert main([str(path)]) == 0
+    assert "".join(_cells(path)[-1]["source"]) == ("%%torchrun 4 ddp.py --no-reference\n"
+                                                   + script.read_text())
+    assert main(["--check", str(path)]) == 0

@@ -1,12 +1,13 @@
 """``%%torchrun NPROC NAME.py``: run the script typed in a cell under the real torchrun, beside one process.
 
 ``%load_ext course_lib`` loads it. The cell's text becomes ``NAME.py`` in a private temp folder
-(its working folder, removed afterwards: never the learner's folders), run under
-:func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed), then as one plain process.
-Both print ``step N loss X`` (``course_lib/scripts/tiny.py``); one line sets the final losses side
-by side with ``TOLERANCE`` (1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a
-bfloat16 policy; why: docs/decisions.md); returns a :class:`ScriptRun`. Options after the name:
-``--no-reference``, ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython.
+(the working folder, removed afterwards: never the learner's folders), run under
+:func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed) and, meanwhile, as one plain
+process. Both print ``step N loss X`` (``course_lib/scripts/tiny.py``); one line sets the final
+losses side by side with ``TOLERANCE`` (1e-4: float32 sums in another order; ``TOLERANCE_BF16``
+= 2e-3 for a bfloat16 policy; why: docs/decisions.md); returns a :class:`ScriptRun`. Options
+after the name: ``--no-reference``, ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same
+without IPython.
 """
 from __future__ import annotations
 
@@ -114,12 +115,18 @@ def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bo
     try:
         Path(path).write_text(text)
         os.chdir(folder)  # the job's working folder: what it writes stays in the temp folder
+        alone = None
         try:
-            result = torchrun(path, nprocs, args, timeout=timeout, env=env, quiet=quiet)
-            output = result.output
-            ref = _alone(path, args, timeout, env, quiet) if reference else None
+            if reference:  # started first: it imports torch while torchrun's agent does
+                os.mkdir(os.path.join(folder, "alone"))
+                alone = _start_alone(path, args, os.path.join(folder, "alone"), env)
+            output = torchrun(path, nprocs, args, timeout=timeout, env=env, quiet=quiet).output
+            ref = _finish_alone(alone, name, timeout, quiet) if alone else None
         finally:
             os.chdir(here)
+            if alone is not None and alone.poll() is None:  # torchrun failed or was stopped
+                alone.kill()
+                alone.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     losses = parse_losses(output)
@@ -127,17 +134,25 @@ def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bo
                      tolerance_for(text), output)
 
 
-def _alone(path: str, args: tuple, timeout: float, env: dict, quiet: bool) -> str:
-    """One plain process (no torchrun): its output, each line marked ``[one process]``."""
-    done = subprocess.run([sys.executable, path, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env,
-                                                           "OMP_NUM_THREADS": "1"})
-    text = (done.stdout + done.stderr).rstrip()
+def _start_alone(path: str, args: tuple, cwd: str, env: dict) -> subprocess.Popen:
+    """One plain process (no torchrun), in its own working folder, output collected."""
+    return subprocess.Popen([sys.executable, path, *map(str, args)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+
+
+def _finish_alone(proc: subprocess.Popen, name: str, timeout: float, quiet: bool) -> str:
+    """Its output, each line marked ``[one process]``; an error if it failed."""
+    try:
+        text = proc.communicate(timeout=timeout)[0].rstrip()
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the one-process run of {name} did not finish within {timeout:g} s; "
+                           "it was stopped") from None
     if not quiet and text:
         print("\n".join(f"[one process] {line}" for line in text.splitlines()), flush=True)
-    if done.returncode:
-        raise RuntimeError(f"the one-process run of {os.path.basename(path)} exited with code "
-                           f"{done.returncode}:\n" + "\n".join(text.splitlines()[-20:]))
+    if proc.returncode:
+        raise RuntimeError(f"the one-process run of {name} exited with code {proc.returncode}:\n"
+                           + "\n".join(text.splitlines()[-20:]))
     return text
 
 

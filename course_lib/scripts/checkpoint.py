@@ -43,7 +43,7 @@ for step in range(tiny.STEPS):
         model, opt = build(seed=1)  # other weights, empty optimizer: the load must fix both
         model_state, optim_state = get_state_dict(model, opt)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=folder)  # reads into the tensors of `state`, in place
+        dcp.load(state, checkpoint_id=folder)  # in place: here, into the model's own shards
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     x, y = tiny.batch(step)
     shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)  # this rank's rows

@@ -1,6 +1,6 @@
 """Lay out the web edition's Sphinx sources from the repository, as stored (nothing executes).
 
-``python docs/site/stage.py OUT`` writes OUT/index.md (the README, its badge made a plain link),
+``python docs/site/stage.py OUT`` writes OUT/index.md (the README; a badge made a plain link; its figures copied),
 OUT/notebooks/*.ipynb (copies with a launch bar under the title and every widget replaced by a
 static panel) and OUT/docs/{glossary,architecture,contributing}.md. The layout mirrors the repository, so the
 README's and the notebooks' relative links resolve to the pages as they are; a link to any other
@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("docs/glossary.md", "docs/architecture.md", "docs/contributing.md")
 BADGE = re.compile(r"\[!\[[^\]]*\]\((https?://[^)]*badge[^)]*)\)\]\((https?://[^)]*/v2/gh/[^)?]*)\?[^)]*\)")
+BINDER_URL = re.compile(r"(https://mybinder\.org/v2/gh/[^\s?)]+)\?")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s#]+)(#[^)\s]*)?\)")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -29,11 +31,15 @@ CONTROL_KINDS = ("Slider", "Dropdown", "Text", "ToggleButtons", "Checkbox", "Rad
 
 
 def binder_base(readme: str) -> str:
-    """The Binder URL up to the query, from the README's badge: the one place it is written."""
+    """The Binder URL up to the query, from the README (its badge, else its first Binder link):
+    the one place it is written."""
     match = BADGE.search(readme)
+    if match:
+        return match.group(2)
+    match = BINDER_URL.search(readme)
     if not match:
-        raise SystemExit("README.md has no Binder badge [![...](...badge...)](.../v2/gh/...?...)")
-    return match.group(2)
+        raise SystemExit("README.md has no Binder link https://mybinder.org/v2/gh/OWNER/REPO/REF?...")
+    return match.group(1)
 
 
 def github_base(binder: str) -> str:
@@ -202,6 +208,13 @@ def stage(out: Path, root: Path = ROOT) -> list[Path]:
     _write(out / "index.md", home_page(readme, binder, pages, github), written)
     for doc in DOCS:
         _write(out / doc, fix_links((root / doc).read_text(), "docs", pages, github), written)
+    for image in IMAGE.findall(readme):  # the README's own figures (docs/img/...), as stored
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", image) and (root / image).is_file():
+            written.add(out / image)
+            data = (root / image).read_bytes()
+            if not (out / image).exists() or (out / image).read_bytes() != data:
+                (out / image).parent.mkdir(parents=True, exist_ok=True)
+                (out / image).write_bytes(data)
     for path in notebooks:
         staged = stage_notebook(json.loads(path.read_text()), path.name, binder, pages, github)
         _write(out / "notebooks" / path.name, json.dumps(staged, indent=1) + "\n", written)

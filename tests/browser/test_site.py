@@ -50,9 +50,9 @@ if sync_playwright is None or not os.path.exists(CHROMIUM):
 
 
 def _binder_base() -> str:
-    """https://mybinder.org/v2/gh/OWNER/REPO/REF, read from the README's badge."""
-    match = re.search(r"\]\((https://mybinder\.org/v2/gh/[^)?]+)\?urlpath=", (ROOT / "README.md").read_text())
-    assert match, "README.md has no Binder badge link"
+    """https://mybinder.org/v2/gh/OWNER/REPO/REF, read from the README's Binder link."""
+    match = re.search(r"(https://mybinder\.org/v2/gh/[^)?\s]+)\?urlpath=", (ROOT / "README.md").read_text())
+    assert match, "README.md has no Binder link"
     return match.group(1)
 
 
