@@ -53,13 +53,28 @@ def repeats_solution(node: ast.stmt, names: set[str], bodies: set[str]) -> bool:
                                      if isinstance(n, ast.FunctionDef))
 
 
+def python_source(source: str) -> str:
+    """A code cell as the Python IPython runs: magics (``%load_ext``, ``%%torchrun``) become
+    ``get_ipython()`` calls, so ``ast`` can read the cell; plain Python comes back unchanged."""
+    try:
+        ast.parse(source)
+        return source
+    except SyntaxError:
+        from IPython.core.inputtransformer2 import TransformerManager
+        return TransformerManager().transform_cell(source)
+
+
 def hide_solutions(source: str, module: str | None, names: set[str], bodies: set[str],
                    where: str) -> tuple[str, list[str]]:
     """The cell with each definition that repeats a solution replaced by the library's import."""
-    tree = ast.parse(source)
+    python = python_source(source)
+    tree = ast.parse(python)
     hidden = [n.name for n in tree.body if repeats_solution(n, names, bodies)]
     if not hidden:
         return source, []
+    if python != source:
+        raise ValueError(f"{where} repeats an exercise's solution ({hidden}) in a cell with IPython "
+                         "magics: the student edition cannot replace it by an import")
     if module is None:
         raise ValueError(f"{where} repeats an exercise's solution ({hidden}) outside a library-copy "
                          "cell: the student edition cannot replace it by an import")
