@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exercise_cells import _bound as _binds_simple, _is_stub, _source, find_exercises  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 KEPT_MIME = re.compile(r"^(image/|text/html$)")
 SOLUTION_BLOCK = re.compile(r"<details>\s*<summary>Solution.*?</details>\s*", re.S)
@@ -53,28 +55,21 @@ def repeats_solution(node: ast.stmt, names: set[str], bodies: set[str]) -> bool:
                                      if isinstance(n, ast.FunctionDef))
 
 
-def python_source(source: str) -> str:
-    """A code cell as the Python IPython runs: magics (``%load_ext``, ``%%torchrun``) become
-    ``get_ipython()`` calls, so ``ast`` can read the cell; plain Python comes back unchanged."""
-    try:
-        ast.parse(source)
-        return source
-    except SyntaxError:
-        from IPython.core.inputtransformer2 import TransformerManager
-        return TransformerManager().transform_cell(source)
+def python_only(source: str) -> str:
+    """The cell's Python, line for line: a ``%%magic`` line (``%%torchrun 2 ddp.py``: the rest of
+    the cell is a script), a ``%line_magic`` or a ``!shell`` line becomes empty, the line numbers
+    kept, so that a solution repeated in a script is found too."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.split("\n"))
 
 
 def hide_solutions(source: str, module: str | None, names: set[str], bodies: set[str],
                    where: str) -> tuple[str, list[str]]:
     """The cell with each definition that repeats a solution replaced by the library's import."""
-    python = python_source(source)
-    tree = ast.parse(python)
+    tree = ast.parse(python_only(source))
     hidden = [n.name for n in tree.body if repeats_solution(n, names, bodies)]
     if not hidden:
         return source, []
-    if python != source:
-        raise ValueError(f"{where} repeats an exercise's solution ({hidden}) in a cell with IPython "
-                         "magics: the student edition cannot replace it by an import")
     if module is None:
         raise ValueError(f"{where} repeats an exercise's solution ({hidden}) outside a library-copy "
                          "cell: the student edition cannot replace it by an import")

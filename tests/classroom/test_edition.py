@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from tests.classroom.edition import (CHAPTERS, SOLUTION_BLOCK, _body, python_source, student_notebook,
-                                     write_edition)
+from tests.classroom.edition import (CHAPTERS, SOLUTION_BLOCK, _body, python_only, student_notebook,
+                                    write_edition)
 from tests.classroom.grade import identify
 
 from exercise_cells import _source, find_exercises
@@ -27,7 +27,7 @@ def notebook_pieces(nb: dict) -> set[str]:
     found = set()
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            tree = ast.parse(python_source(_source(cell)))   # a %%torchrun cell too
+            tree = ast.parse(python_only(_source(cell)))  # a magic's line is not Python
             found |= {ast.dump(n) for n in ast.walk(tree) if isinstance(n, ast.stmt)}
             found |= {_body(n) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     return found
