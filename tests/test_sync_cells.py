@@ -11,17 +11,18 @@ import pytest
 
 from sync_cells import NOTEBOOKS, ROOT, main, module_path, synced
 
-CHAPTER = ROOT / "notebooks" / "04_model_parallel.ipynb"
-MODULE = "course_lib.pipeline_parallel.schedules"
-WRONG = "    warmup = min(p - rank, m)\n"   # a plausible edit: one warm-up forward too many
+CHAPTER = ROOT / "notebooks" / "06_fault_tolerance.ipynb"
+MODULE = "course_lib.fault_tolerance.commit"
+NAME = "save_committed"
+WRONG = "    save_sharded(final, model, optimizer)\n"   # a plausible edit: no temporary directory
 
 
 def _cells(path):
     return json.loads(path.read_text())["cells"]
 
 
-def _tagged(cells, module):
-    return next(i for i, c in enumerate(cells) if c["metadata"].get("library_copy") == module)
+def _tagged(cells, module, nth=0):
+    return [i for i, c in enumerate(cells) if c["metadata"].get("library_copy") == module][nth]
 
 
 def _write(path, cells):
@@ -39,20 +40,21 @@ def _library_text(name: str) -> str:
 
 @pytest.fixture
 def drifted(tmp_path):
-    """A copy of chapter 4 with: the tagged schedule_ops cell edited (a statement added above the
-    definition, one line of its body changed), a comment changed in the tagged f/g cell (same
-    AST), and an untagged cell holding the same wrong schedule_ops."""
+    """A copy of chapter 6 with: the tagged save_committed cell edited (a statement added above
+    the definitions, one line of save_committed's body changed), a comment changed in the other
+    tagged cell of the same module (same AST), and an untagged cell holding the same wrong code."""
     path = tmp_path / CHAPTER.name
     shutil.copy(CHAPTER, path)
     cells = _cells(path)
-    k = _tagged(cells, MODULE)
+    k = _tagged(cells, MODULE, 1)
     source = "".join(cells[k]["source"])
+    assert f"def {NAME}(" in source
     body = source.splitlines(keepends=True)
-    warmup = next(j for j, line in enumerate(body) if line.strip().startswith("warmup ="))
-    wrong = "".join(body[:warmup] + [WRONG] + body[warmup + 1:])
+    line = next(j for j, text in enumerate(body) if text.strip().startswith("save_sharded(tmp"))
+    wrong = "".join(body[:line] + [WRONG] + body[line + 1:])
     cells[k]["source"] = ("P_DEFAULT = 2\n" + wrong).splitlines(keepends=True)
-    fg = _tagged(cells, "course_lib.tensor_parallel.layers")
-    cells[fg]["source"] = ["# my own comment\n"] + cells[fg]["source"]
+    other = _tagged(cells, MODULE, 0)
+    cells[other]["source"] = ["# my own comment\n"] + cells[other]["source"]
     untagged = next(i for i, c in enumerate(cells) if c["cell_type"] == "code"
                     and "library_copy" not in c["metadata"] and c["outputs"])
     cells[untagged]["source"] = wrong.splitlines(keepends=True)
@@ -65,7 +67,8 @@ def test_sync_writes_the_drifted_definition_back_and_nothing_else(drifted):
     before = _cells(path)
     assert main([str(path)]) == 0
     after = _cells(path)
-    assert "".join(after[k]["source"]) == "P_DEFAULT = 2\n" + _library_text("schedule_ops")
+    written = "".join(after[k]["source"])
+    assert written.startswith("P_DEFAULT = 2\n") and _library_text(NAME) in written and WRONG not in written
     expected = [dict(c) for c in before]
     expected[k] = dict(before[k], source=after[k]["source"])
     assert after == expected      # every other cell (untagged, outputs, the comment) as it was
@@ -80,7 +83,7 @@ def test_check_lists_the_drift_writes_nothing_and_exits_1(drifted):
     done = subprocess.run([sys.executable, "-m", "tests.sync_cells", "--check", str(path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
-    assert done.stdout.strip() == f"{path.name} cell {k}: schedule_ops differs from {MODULE}.schedule_ops"
+    assert done.stdout.strip() == f"{path.name} cell {k}: {NAME} differs from {MODULE}.{NAME}"
     assert path.read_bytes() == before
 
 

@@ -3,8 +3,8 @@
 :func:`measure_bubble_sweep` runs GPipe and 1F1B on ``p`` ranks pinned one per core, after
 measuring the per-action overhead (one send and receive, no compute), and keeps each
 (schedule, m)'s bubble from the ranks' own timestamps, never from the formula.
-:meth:`BubbleSweep.verdict` says, from that measurement: as predicted within a stated tolerance,
-or not, or why the machine could not show it; beside it two models that drop the formula's
+:meth:`BubbleSweep.verdict` says, from that measurement: as predicted within a stated relative
+band, or which way and by how much not, or why the machine could not show it; beside it two models that drop the formula's
 assumptions one at a time — equal stages (``bubble_for_stages``), then equal micro-batches
 (:func:`bubble_for_actions`): what the measurement has above the second is the messages and
 the Python between the actions.
@@ -28,11 +28,16 @@ from course_lib.pipeline_parallel.measure import (BUBBLE_CONFIG, bubble_for_stag
                                                   measured_bubble, pipeline_rank, stage_costs)
 from course_lib.pipeline_parallel.schedules import SCHEDULES, lay_out, validate_pipeline
 
-__all__ = ["TOLERANCE", "MIN_CORE_SHARE", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
+__all__ = ["TOLERANCE", "MIN_CORE_SHARE", "schedule_gap", "MIN_COMPUTE_RATIO", "BubbleRow", "BubbleSweep",
            "bubble_for_actions", "measure_bubble_sweep", "report_verdict", "sweep_record", "sweep_from_record"]
 
-#: |measured - formula| allowed for "as predicted" (a fraction of the step, at every m).
-TOLERANCE = 0.10
+#: |measured - formula| allowed for "as predicted", relative to the formula's value at each m.
+#: Relative because the formula falls from 0.50 (m=1) to 0.11 (m=8, p=2): an absolute ±0.10 there
+#: accepted 0.21, nearly twice the formula. A fifth of the value leaves room for what the formula
+#: leaves out and the GPT's stages have: the first also runs the embeddings, the last the head and
+#: the loss (in our runs about 5 % apart in time per micro-batch, which alone moves m=8's modelled
+#: bubble by ~15 % of its value: bubble_for_stages).
+TOLERANCE = 0.20
 #: Below this share of their compute time on a core, the ranks were starved: no verdict.
 MIN_CORE_SHARE = 0.8
 #: The stage's compute per action must be at least this many times the per-action overhead.
@@ -120,12 +125,14 @@ class BubbleSweep:
         why = self.spoiled()
         if why:
             return f"{line}: no verdict — {why}"
-        worst = max(rows, key=lambda r: abs(r.error))
+        worst = max(rows, key=lambda r: abs(r.error) / r.formula)
         falling = all(a.bubble > b.bubble for a, b in zip(rows, rows[1:]))
-        if abs(worst.error) <= self.tolerance and falling:
-            return f"{line}: as predicted (within ±{self.tolerance:.2f}){_stages(rows)}"
-        return (f"{line}: NOT as predicted (m={worst.m} off by {worst.error:+.2f}, "
-                f"tolerance ±{self.tolerance:.2f}{'' if falling else '; not falling with m'}; "
+        band = f"±{self.tolerance:.0%} of the formula"
+        if abs(worst.error) <= self.tolerance * worst.formula and falling:
+            return f"{line}: as predicted (within {band}){_stages(rows)}"
+        side = "above" if worst.error > 0 else "below"
+        return (f"{line}: NOT as predicted ({side} the formula at m={worst.m} by {worst.error:+.3f}, "
+                f"{worst.error / worst.formula:+.0%}; band {band}{'' if falling else '; not falling with m'}; "
                 f"stages differ by {self.imbalance:.0%} in CPU time per micro-batch)"
                 + _stages(rows))
 
@@ -140,6 +147,19 @@ class BubbleSweep:
                   + _model(r.for_stages, r.bubble, 6) + _model(r.for_actions, r.bubble, 7)
                   + f"{r.core_share:5.0%}" for r in self.rows]
         return "\n".join(lines)
+
+
+def schedule_gap(sweep: BubbleSweep) -> str:
+    """1F1B's measured bubble minus GPipe's at each m, beside the same difference in the layout of
+    each kept step's own actions (messages taking no time): the rest is the messages."""
+    pairs = [(g, o) for g in sweep.schedule("gpipe") for o in sweep.schedule("1f1b") if g.m == o.m]
+    measured = ", ".join(f"m={g.m} {o.bubble - g.bubble:+.3f}" for g, o in pairs)
+    line = f"1F1B minus GPipe, measured: {measured}"
+    if all(g.for_actions is not None and o.for_actions is not None for g, o in pairs):
+        laid = ", ".join(f"{o.for_actions - g.for_actions:+.3f}" for g, o in pairs)
+        line += f"; laid out from each step's own actions, messages free: {laid}"
+    why = sweep.spoiled()
+    return f"{line} (not the schedules' alone: {why})" if why else line
 
 
 def _model(value: float | None, measured: float, width: int) -> str:
@@ -273,4 +293,5 @@ def sweep_record(sweep: BubbleSweep) -> dict:
 def sweep_from_record(value: dict) -> BubbleSweep:
     """The :class:`BubbleSweep` a record holds (its verdict is computed from the stored rows)."""
     rows = [BubbleRow(**row) for row in value["rows"]]
-    return BubbleSweep(**{**value, "rows": rows})
+    kept = {k: v for k, v in value.items() if k != "tolerance"}   # today's band, not the record's
+    return BubbleSweep(**{**kept, "rows": rows})

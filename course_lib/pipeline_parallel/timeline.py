@@ -1,4 +1,4 @@
-"""Pipeline schedules as they ran, as per-rank timelines (chapter 04's and 09's figures).
+"""Pipeline schedules as they ran, as per-rank timelines (chapter 09's figures; a hand run too).
 
 No new measurement: the hand-written schedules are already timed from outside by
 :class:`~course_lib.pipeline_parallel.trace.TracedSteps` (each forward and backward, and the

@@ -1,5 +1,6 @@
 """The bubble experiment (chapter 4): p = 2 ranks pinned one per core, m = 1, 2, 4, 8, GPipe and
-1F1B in one launch; the measured bubble falls with m and lies within TOLERANCE of (p-1)/(m+p-1).
+1F1B in one launch; the measured bubble falls with m and is graded against (p-1)/(m+p-1) within
+TOLERANCE of the formula's value (relative).
 
 The first test needs each rank to have a core of its own: where the machine cannot give that
 (fewer than 2 usable cores, or ranks starved by other work), it is skipped with the verdict's
@@ -38,11 +39,11 @@ def _misses(sweep: BubbleSweep) -> list[str]:
         rows = sweep.schedule(name)
         # m = 1, 2 land on the formula; at m = 4, 8 idle runs measured +0.02 to +0.11 above it
         # (docs/decisions.md), so those are held to "never below the formula, at most half of
-        # m = 1's bubble", and the verdict line reports by how much they missed ±TOLERANCE.
+        # m = 1's bubble", and the verdict line reports which way and by how much they missed.
         checks = {
             "falls with m": all(a.bubble > b.bubble for a, b in zip(rows, rows[1:])),
-            "m = 1, 2 on the formula": all(abs(r.bubble - bubble_formula(2, r.m)) <= TOLERANCE
-                                           for r in rows[:2]),
+            "m = 1, 2 on the formula": all(abs(r.bubble - bubble_formula(2, r.m))
+                                               <= TOLERANCE * bubble_formula(2, r.m) for r in rows[:2]),
             "never 0.05 below the formula": all(r.bubble >= bubble_formula(2, r.m) - 0.05
                                                 for r in rows),
             "m = 8 at most half of m = 1": rows[-1].bubble <= rows[0].bubble / 2,
@@ -149,7 +150,7 @@ def test_a_schedule_that_does_not_pipeline_is_not_as_predicted():
         pytest.skip("needs 2 usable cores")
     broken = measure_bubble_sweep(p=2, ms=(1, 4), schedules=("1f1b",), steps=1, ops=_one_at_a_time)
     rows = broken.schedule("1f1b")
-    assert rows[1].bubble > bubble_formula(2, 4) + TOLERANCE, broken.table()
+    assert rows[1].bubble > bubble_formula(2, 4) * (1 + TOLERANCE), broken.table()
     # the stage model assumes a pipelined order too: it cannot explain this one away
     assert rows[1].bubble > rows[1].for_stages + STAGE_TOLERANCE, broken.table()
     assert "NOT as predicted" in broken.verdict("1f1b") or "no verdict" in broken.verdict("1f1b")
@@ -168,16 +169,40 @@ def _sweep(**kwargs):
 
 def test_verdict_says_as_predicted_or_by_how_much_not():
     assert _sweep().verdict("gpipe") == ("gpipe: bubble 0.50 → 0.11 as m went 1 → 8; formula "
-                                         "0.50 → 0.11: as predicted (within ±0.10)")
+                                         "0.50 → 0.11: as predicted (within ±20% of the formula)")
     off = _sweep(off8=0.13).verdict("gpipe")
-    assert "NOT as predicted (m=8 off by +0.13" in off
+    assert "NOT as predicted (above the formula at m=8 by +0.130, +117%" in off
     assert off.endswith("stages differ by 10% in CPU time per micro-batch)")
-    flat = _sweep(off4=-0.045, off8=0.045).verdict("gpipe")   # within the tolerance but 0.155 → 0.156
-    assert "NOT as predicted" in flat and "; not falling with m;" in flat
-    uneven = _sweep(off8=0.04, stage_s=[[0.005, 0.012], [0.006, 0.010]]).verdict("gpipe")
-    assert uneven.endswith("as predicted (within ±0.10); for the stages as they ran (F + B per "
-                           "micro-batch 17.0 / 16.0 ms at m=8) the model gives 0.50 → 0.17, "
+    below = _sweep(off4=-0.06).verdict("gpipe")
+    assert "NOT as predicted (below the formula at m=4 by -0.060, -30%" in below
+    rising = _sweep(off8=0.1).verdict("gpipe")   # 0.200 → 0.211: the bubble grew with m
+    assert "NOT as predicted" in rising and "; not falling with m;" in rising
+    uneven = _sweep(off8=0.02, stage_s=[[0.005, 0.012], [0.006, 0.010]]).verdict("gpipe")
+    assert uneven.endswith("as predicted (within ±20% of the formula); for the stages as they ran "
+                           "(F + B per micro-batch 17.0 / 16.0 ms at m=8) the model gives 0.50 → 0.17, "
                            "measured at most -0.04 from it"), uneven
+
+
+def test_the_band_is_relative_a_bubble_near_twice_the_formula_is_not_as_predicted():
+    """At m = 8 the formula says 0.111; a measured 0.21 is nearly twice that. The old absolute
+    band (±0.10 at every m) read this falling 0.50 → 0.33 → 0.29 → 0.21 "as predicted"; the band
+    is now a share of the formula."""
+    line = _sweep(off4=0.09, off8=0.099).verdict("gpipe")
+    assert "NOT as predicted (above the formula at m=8 by +0.099, +89%" in line, line
+    assert "as predicted (within" not in line
+    # m = 1's formula is 0.5: the same band is ±0.10 there
+    assert "as predicted (within" in _sweep(off1=0.09).verdict("gpipe")
+    assert "NOT as predicted (above the formula at m=1" in _sweep(off1=0.11).verdict("gpipe")
+
+
+def test_the_schedule_gap_line_gives_each_m_and_the_layout_beside_it():
+    from course_lib.pipeline_parallel.bubble import schedule_gap
+    rows = [BubbleRow(s, m, bubble_formula(2, m) + (0.03 if s == "1f1b" else 0.01), bubble_formula(2, m),
+                      [], 1.0, 0.02, for_actions=bubble_formula(2, m) + (0.01 if s == "1f1b" else 0.0))
+            for s in ("gpipe", "1f1b") for m in (4, 8)]
+    sweep = BubbleSweep(2, 2, True, 2e-4, 0.3, rows)
+    assert schedule_gap(sweep) == ("1F1B minus GPipe, measured: m=4 +0.020, m=8 +0.020; laid out "
+                                   "from each step's own actions, messages free: +0.010, +0.010")
 
 
 @pytest.mark.parametrize("kwargs, reason", [
