@@ -60,6 +60,7 @@ def _grader(mode: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("tests.classroom.grade_baseline", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return lambda folder, progress: module.grade_folder(folder, progress=progress)
 

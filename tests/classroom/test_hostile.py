@@ -67,12 +67,8 @@ CHAPTER = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
 def _hostile(paths: dict) -> dict[str, dict]:
     """name -> answers {exercise: code} (0: `answer`, a value; 1: `double`, a function)."""
     return {
-        # rebinding a name the check uses, patching the check's code and the Feedback class
-        "patcher": {0: "base = -1\nimport course_lib.exercises as e\n"
-                       "e.check_number.__code__ = (lambda *a, name='x', **k: "
-                       "e.Feedback(True, 'ok', name)).__code__\n"
-                       "e.Feedback.__bool__ = lambda self: True\n"
-                       "e.Feedback.passed = property(lambda s: True)\nanswer = 0",
+        # rebinding a name the check uses, and patching what the check calls (a builtin)
+        "patcher": {0: "base = -1\nimport builtins\nbuiltins.abs = lambda x: 0\nanswer = 0",
                     1: "def double(x):\n    return 0"},
         # reading another submission and the teacher's key, writing the course's files and
         # another submission, and a double-forked daemon listening on a port
