@@ -263,6 +263,26 @@ print(json.dumps(out))
 '''
 
 
+def _list_as_another_user(ports: list[int]) -> tuple[dict, str]:
+    """Run LISTER as a second real user: a fresh uid (the grader's sandbox, on the host's
+    network) where one can be made, else ``nobody`` or the same user (``_as_another_user``)."""
+    from tests.classroom.sandbox import FIRST_UID, Sandbox, why_not
+    if why_not() is None:
+        uid = FIRST_UID + 999_000 + os.getpid() % 1000
+        with Sandbox(uid, network=False) as box:
+            done = box.run([sys.executable, "-c", LISTER, json.dumps(ports)],
+                           env={"PATH": os.environ.get("PATH", ""),
+                                "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                           stdin=b"", timeout=60, output_cap=1 << 20)
+        lines = done["output"].decode().splitlines()
+        return (json.loads(lines[-1]) if done["code"] == 0 and lines else {}), f"uid {uid}"
+    prefix, who = _as_another_user()
+    done = subprocess.run([*prefix, sys.executable, "-c", LISTER, json.dumps(ports)],
+                          capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": os.environ.get("PATH", ""), "HOME": "/"})
+    return (json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}), who
+
+
 def _refusing_env(tmp_path) -> dict:
     """Every Python process of the job (the reaper first) finds the kernel refusing."""
     hook = tmp_path / "hook"
@@ -289,7 +309,7 @@ def test_where_namespaces_are_refused_torchrun_refuses_before_the_job_starts(tmp
 def test_the_opt_in_runs_on_the_shared_loopback_where_another_user_lists_the_keys(
         tmp_path, monkeypatch):
     """What the warning and the docs say is true: with ``allow_shared_loopback=True`` and no
-    namespace, another user (``nobody`` as root) connects and lists the rendezvous key."""
+    namespace, another user (a fresh uid as root) connects and lists the rendezvous key."""
     monkeypatch.setattr(tr, "_WARNED", [])
     monkeypatch.delenv(tr.ALLOW_SHARED_LOOPBACK, raising=False)
     script, folder = tmp_path / "job.py", tmp_path / "run"
@@ -321,14 +341,12 @@ def test_the_opt_in_runs_on_the_shared_loopback_where_another_user_lists_the_key
                      if p.cmdline()[1:3] == ["-m", "course_lib.launcher._loopback_torchrun"])
         assert os.readlink(f"/proc/{agent.pid}/ns/net") == os.readlink("/proc/self/ns/net")
         ports = _listening_ports(agent.pid)
-        prefix, who = _as_another_user()
-        done = subprocess.run([*prefix, sys.executable, "-c", LISTER, json.dumps(ports)],
-                              capture_output=True, text=True, timeout=60, cwd="/",
-                              env={"PATH": os.environ.get("PATH", ""), "HOME": "/"})
-        listed = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}
+        listed, who = _list_as_another_user(ports)
     finally:
         (folder / "go").touch()
         thread.join(120)
+    if os.environ.get("COURSE_REQUIRE_SANDBOX") == "1":  # CI, as root: a second real user
+        assert who.startswith("uid "), who
     assert "result" in outcome, outcome.get("error")
     assert any("list_keys() names every key" in w for w in outcome["warnings"]), outcome
     keys = [k for v in listed.values() if isinstance(v, list) for k in v]
