@@ -86,8 +86,9 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
     """Save model + optimizer shards, RNG states and ``meta`` as checkpoint ``step``; collective.
 
     Every rank must call it. ``meta`` (JSON-serialisable, e.g. the loss history) goes into the
-    manifest. ``keep`` committed checkpoints are kept (older ones and stale ``.tmp`` directories
-    are deleted); ``None`` keeps all. ``before_commit`` runs on every rank after all shards are
+    manifest. The ``keep`` newest complete checkpoints are kept, this one first (older complete
+    ones and stale ``.tmp`` directories are deleted; a folder that does not verify is never
+    counted nor deleted); ``None`` keeps all. ``before_commit`` runs on every rank after all shards are
     written and before the marker: fault injection uses it to die in the middle of a save.
     Returns the committed directory.
     """
