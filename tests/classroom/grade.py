@@ -3,11 +3,16 @@
 A submission's chapter comes from its content (the student edition's ``course`` metadata, else
 the chapter whose markdown it shares most), never from its file name. Each exercise's answer is
 read from the submitted cell holding the same ``check_*`` calls: the cell's other statements,
-minus those the published cell has too. In one fresh kernel (``session.Session``) the *original*
-chapter's cells run in order, so a student cannot change the setup or the check; at each exercise
-the published cell with the student's answer in place of the stub runs in a copy of the
-namespace, its ``check_*`` results recorded. A time limit, an output cap or a dead kernel fails
-that exercise only; a dead or killed kernel is restarted and the cells before are replayed.
+minus those the published cell has too. Each submission runs in a sandbox of its own
+(:mod:`tests.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
+kernel and, at each exercise, the published cell with the student's answer in place of the
+stub, in a copy of the namespace. Value checks (``check_number``, ``check_close``,
+``check_choice``) are decided here, from the plain data the sandbox sends back, against the
+values a reference run of the published chapter computed (no student code in it); the other
+checks report from inside the sandbox (a submission can fake those, its own only). A time
+limit, an output cap or a dead kernel fails that exercise only; a dead or killed kernel is
+restarted and the cells before are replayed. Where no sandbox can be made, untrusted work is
+refused (:class:`SandboxUnavailable`) unless ``trusted``.
 """
 from __future__ import annotations
 

@@ -180,3 +180,18 @@ def test_without_a_sandbox_untrusted_work_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
     with pytest.raises(SandboxUnavailable, match="simulated: not root.*--trusted"):
         grade_folder(tmp_path)
+
+
+def test_trusted_work_is_graded_without_a_sandbox(tmp_path, monkeypatch):
+    import tests.classroom.grade as grade
+    monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
+    monkeypatch.setattr(grade, "_REFERENCE", {})
+    chapter = tmp_path / "98_hostile.ipynb"
+    chapter.write_text(json.dumps(CHAPTER))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    wrong = answered_notebook(CHAPTER, {0: "answer = 41", 1: DOUBLE})
+    (folder / "wrong.ipynb").write_text(json.dumps(wrong))
+    [result] = grade_folder(folder, time_limit=20, chapters=[chapter], trusted=True)
+    assert verdicts(result) == [False, True], result
+    assert "too low" in result.exercises[0].feedback[0]
