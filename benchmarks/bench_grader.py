@@ -1,6 +1,12 @@
 """How long the autograder takes on a class's batch: 3 submissions x 2 chapters (00 and 01).
 
-    python benchmarks/bench_grader.py [CHAPTER_STEM ...]      # default: 00_start_here 01_training_memory
+    python benchmarks/bench_grader.py [--mode sandbox|trusted|baseline] [CHAPTER_STEM ...]
+    # default: sandbox, 00_start_here 01_training_memory
+
+``sandbox`` (as root): each submission in its own sandbox, value verdicts computed outside
+(issue 49); ``trusted``: the same runner without a sandbox (``--trusted``); ``baseline``: the
+in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
+``504d0f9``), all checks in the student's kernel.
 
 Per chapter it grades the solutions, the student edition and one listed mistake (the first
 ``exercise_wrong`` of the chapter, else the stub of its last exercise kept), each in its own fresh
@@ -10,8 +16,10 @@ per submission: a chapter's cost is about its nbval time).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,21 +46,45 @@ def batch(chapter: Path, folder: Path) -> None:
         (folder / f"{chapter.stem[:2]}{name}.ipynb").write_text(json.dumps(content))
 
 
-def main(stems: list[str]) -> None:
+BASELINE = "504d0f9"
+
+
+def _grader(mode: str):
+    if mode != "baseline":
+        return lambda folder, progress: grade_folder(folder, progress=progress,
+                                                     trusted=mode == "trusted")
+    root = Path(__file__).resolve().parents[1]
+    source = subprocess.run(["git", "show", f"{BASELINE}:tests/classroom/grade.py"], cwd=root,
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "grade_baseline.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("tests.classroom.grade_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return lambda folder, progress: module.grade_folder(folder, progress=progress)
+
+
+def main(args: list[str]) -> None:
+    mode = "sandbox"
+    if args[:1] == ["--mode"]:
+        mode, args = args[1], args[2:]
+    stems = args or ["00_start_here", "01_training_memory"]
+    grade = _grader(mode)
     chapters = [p for p in CHAPTERS if p.stem in stems]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for chapter in chapters:
             batch(chapter, folder)
         start = time.monotonic()
-        results = grade_folder(folder, progress=print)
+        results = grade(folder, print)
         total = time.monotonic() - start
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     for r in results:
         print(f"{Path(r.file).name}: {r.chapter} {r.score}/{len(r.exercises)} in {r.seconds:.1f} s")
-    print(f"{len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
+    print(f"{mode}: {len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
           f"(load average {load}, {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["00_start_here", "01_training_memory"])
+    main(sys.argv[1:])

@@ -23,18 +23,23 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 from course_lib.common.checks import is_int
 from course_lib.fault_tolerance.checkpoint_safe import UnsafeCheckpointError, read_metadata
-from course_lib.fault_tolerance.commit import load_committed, publish, save_sharded, write_atomic
-from course_lib.fault_tolerance.manifest import (COMMITTED, FORMAT, MANIFEST, CheckpointError,
+from course_lib.fault_tolerance.commit import publish, save_sharded, write_atomic
+from course_lib.fault_tolerance.checkpoint_safe import SafeLoadPlanner, SafeReader
+from course_lib.fault_tolerance.manifest import (FORMAT, MANIFEST, CheckpointError,
                                                  checkpoint_name, checkpoint_status,
                                                  complete_checkpoints, file_sha256,
-                                                 latest_checkpoint, log, verify_checkpoint)
-from course_lib.fault_tolerance.safe_files import validate_record, label, read_in_folder
+                                                 latest_checkpoint, log, pin_checkpoint,
+                                                 verify_checkpoint)
+from course_lib.fault_tolerance.safe_files import (PinnedFolder, validate_record, label,
+                                                   read_in_folder)
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "resume_latest", "checkpoint_status", "verify_checkpoint", "checkpoint_name",
@@ -81,8 +86,9 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
     """Save model + optimizer shards, RNG states and ``meta`` as checkpoint ``step``; collective.
 
     Every rank must call it. ``meta`` (JSON-serialisable, e.g. the loss history) goes into the
-    manifest. ``keep`` committed checkpoints are kept (older ones and stale ``.tmp`` directories
-    are deleted); ``None`` keeps all. ``before_commit`` runs on every rank after all shards are
+    manifest. The ``keep`` newest complete checkpoints are kept, this one first (older complete
+    ones and stale ``.tmp`` directories are deleted; a folder that does not verify is never
+    counted nor deleted); ``None`` keeps all. ``before_commit`` runs on every rank after all shards are
     written and before the marker: fault injection uses it to die in the middle of a save.
     Returns the committed directory.
     """
@@ -128,9 +134,13 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module,
 
 
 def _prune(root: Path, keep: int, newest: int) -> None:
-    committed = sorted((int(m.group(1)), p) for p in root.iterdir()
-                       if (m := COMMITTED.match(p.name)) and p.is_dir() and not p.is_symlink())
-    for _, path in committed[:-keep]:
+    """Delete committed checkpoints beyond the ``keep`` newest *complete* ones (the one just
+    saved always counts among them) and unfinished ``.tmp`` saves older than ``newest``. A
+    folder that does not verify (empty, malformed manifest, unreadable) is never counted and
+    never deleted: it can neither push a good checkpoint out nor be lost because of a bug."""
+    just_saved = root / checkpoint_name(newest)
+    good = [p for p in complete_checkpoints(root) if p != just_saved]  # newest step first
+    for path in good[keep - 1:]:
         shutil.rmtree(path, ignore_errors=True)
     for path in root.glob("step_*.tmp"):
         step = int(path.name[5:-4]) if path.name[5:-4].isdigit() else -1
@@ -138,7 +148,7 @@ def _prune(root: Path, keep: int, newest: int) -> None:
             _remove(path)
 
 
-def _rank_state(path: Path, rank: int) -> dict:
+def _rank_state(path: PinnedFolder, rank: int) -> dict:
     """This rank's saved RNG states, read as data and checked before anything is set."""
     data = read_in_folder(path, f"rank{rank}.pt", 1 << 20)
     validate_record(data, f"rank{rank}.pt", f"rank{rank}.pt")
@@ -155,7 +165,7 @@ def _rank_state(path: Path, rank: int) -> dict:
     return {"torch_rng": torch_rng, "python_rng": python_rng}
 
 
-def _verified(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, checksums: bool,
+def _verified(path: PinnedFolder, model: nn.Module, optimizer: torch.optim.Optimizer, checksums: bool,
               check_meta: Callable[[dict], None] | None) -> tuple[dict, dict | None]:
     """Every check that needs no collective: manifest, files, metadata, shapes, RNG, meta."""
     rank, world = _rank_world()
@@ -194,6 +204,30 @@ def _agree(failure: str | None) -> str | None:
     return failure or ("refused on another rank" if flag.item() else None)
 
 
+def _same_folder(folder: PinnedFolder | None) -> bool:
+    """Collective: did every rank open the same folder (device and inode)? A folder swapped
+    between two ranks' opens would otherwise give each rank a different checkpoint."""
+    if not dist.is_initialized() or folder is None:
+        return True
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.tensor(list(folder.identity), dtype=torch.int64, device=device)
+    both = torch.cat([mine, -mine])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(both[:2], mine) and torch.equal(both[2:], -mine))
+
+
+def _load_pinned(folder: PinnedFolder, files: list[str], model: nn.Module,
+                 optimizer: torch.optim.Optimizer) -> None:
+    """:func:`~course_lib.fault_tolerance.commit.load_committed` reading through ``folder``'s
+    descriptor: DCP, resharding, no code run, no file outside the folder opened once."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=SafeReader(folder, files), planner=SafeLoadPlanner())
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+
 def _clone(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
@@ -222,30 +256,40 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     every rank, leaving model and optimizer exactly as they were, when the checkpoint is
     incomplete, corrupted, unsafe (it asks for anything but data inside its folder), saved for a
     model of another shape, or refused by ``check_meta(manifest)`` (which raises ValueError).
+    The folder is opened once and every file read relative to that descriptor: replacing it by
+    a symlink during the load makes the load refuse or read the original, never another folder.
     """
     path = Path(path)
     rank, world = _rank_world()
-    failure, manifest, extra = None, None, None
-    try:
-        manifest, extra = _verified(path, model, optimizer, checksums, check_meta)
+    failure, manifest, extra, folder = None, None, None, None
+    try:  # opened once: every later read is relative to this descriptor (a swap cannot redirect)
+        folder = pin_checkpoint(path)
+        manifest, extra = _verified(folder, model, optimizer, checksums, check_meta)
     except CheckpointError as exc:
         failure = str(exc)
-    if (failure := _agree(failure)) is not None:
-        raise CheckpointError(failure if failure.startswith(path.name) else
-                              f"{path.name}: {failure}")
-    saved = _clone(model.state_dict()), _clone(optimizer.state_dict())
     try:
-        load_committed(path, model, optimizer)  # commit.py: DCP, resharding, no code run
-    except (KeyboardInterrupt, SystemExit):
-        model.load_state_dict(saved[0])
-        optimizer.load_state_dict(saved[1])
-        raise
-    except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
-        failure = _reason(exc)
-    if (failure := _agree(failure)) is not None:  # then every rank puts its state back
-        model.load_state_dict(saved[0])
-        optimizer.load_state_dict(saved[1])
-        raise CheckpointError(f"{path.name}: {failure}; the model and optimizer are unchanged")
+        if (failure := _agree(failure)) is None and not _same_folder(folder):
+            failure = "the ranks opened different folders under this name (it was replaced)"
+        if failure is not None:
+            raise CheckpointError(failure if failure.startswith(path.name) else
+                                  f"{path.name}: {failure}")
+        saved = _clone(model.state_dict()), _clone(optimizer.state_dict())
+        try:
+            _load_pinned(folder, list(manifest["files"]), model, optimizer)
+        except (KeyboardInterrupt, SystemExit):
+            model.load_state_dict(saved[0])
+            optimizer.load_state_dict(saved[1])
+            raise
+        except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is one
+            failure = _reason(exc)
+        if (failure := _agree(failure)) is not None:  # then every rank puts its state back
+            model.load_state_dict(saved[0])
+            optimizer.load_state_dict(saved[1])
+            raise CheckpointError(f"{path.name}: {failure}; the model and optimizer are "
+                                  "unchanged")
+    finally:
+        if folder is not None:
+            folder.close()
     if extra is not None:
         torch.set_rng_state(extra["torch_rng"])
         random.setstate(extra["python_rng"])

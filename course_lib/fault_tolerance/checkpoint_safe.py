@@ -9,14 +9,18 @@ own dataclasses), then :func:`validate_metadata` checks every field's type: an i
 data file under DCP's own name (``__<rank>_<n>.distcp``), at a range of natural numbers, with no
 transform. Files and records obey :mod:`course_lib.fault_tolerance.safe_files`: plain names, no
 symlink, ranges inside the real file, stored ``torch.save`` records only, bytes items plain data.
+The work is bounded before any tensor is read: pickle opcodes, seconds, chunks per tensor and in
+all, no chunk or byte range listed twice (a load reads each stored byte once at most).
 """
 from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import pickle
 import re
+import time
 from typing import Any, Iterable
 
 import torch
@@ -28,8 +32,9 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 
-from course_lib.fault_tolerance.safe_files import (UnsafeCheckpointError, validate_record, label,
-                                                   load_plain, open_in_folder, read_in_folder)
+from course_lib.fault_tolerance.safe_files import (PinnedFolder, UnsafeCheckpointError,
+                                                   validate_record, label, load_plain,
+                                                   open_in_folder, read_in_folder)
 
 __all__ = ["UnsafeCheckpointError", "MetadataUnpickler", "SafeReader", "SafeLoadPlanner",
            "ALLOWED", "read_metadata", "validate_metadata", "check_metadata"]
@@ -51,6 +56,12 @@ _DCP_CLASSES = frozenset({Metadata, MetadataIndex, StorageMeta, TensorProperties
                           _StorageInfo})
 _DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
 MAX_METADATA_BYTES = 16 << 20  # the medium GPT: 77 kB; objects can be ~60x the bytes
+# The work .metadata may ask for, bounded before any tensor is read (a chunk list repeated 10^6
+# times through the pickle's memo is 2 MB of file and took 201 s and 940 MB to load):
+MAX_CHUNKS_PER_TENSOR = 4096     # one chunk per saving rank (more with TP x FSDP)
+MAX_CHUNKS = 1 << 17             # all tensors' chunks, and storage records, together
+MAX_PICKLE_OPS = 4_000_000       # opcodes: the medium GPT's .metadata has ~10^4
+MAX_METADATA_SECONDS = 5.0       # unpickling and checking, on the slowest machine we know
 
 
 def _qualname(obj: Any) -> str:
@@ -63,6 +74,27 @@ class MetadataUnpickler(pickle._Unpickler):  # the pure-Python machine: its opco
     """Unpickler of DCP's ``.metadata``: :data:`ALLOWED` names only, builds DCP's classes only."""
 
     dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file: Any, *, deadline: float | None = None) -> None:
+        super().__init__(file)
+        self._ops, self._deadline = 0, deadline
+
+    def _tick(self) -> None:
+        """Every 4096 opcodes: refuse past the opcode budget or the time limit."""
+        if self._ops > MAX_PICKLE_OPS:
+            raise UnsafeCheckpointError(f"refusing to load: .metadata takes more than "
+                                        f"{MAX_PICKLE_OPS} pickle operations")
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise UnsafeCheckpointError(f"refusing to load: reading .metadata took more than "
+                                        f"{MAX_METADATA_SECONDS:g} s")
+
+    def _grown(self, container: Any) -> None:
+        if isinstance(container, list) and len(container) > MAX_CHUNKS_PER_TENSOR:
+            raise UnsafeCheckpointError(f"refusing to load: .metadata holds a list of more than "
+                                        f"{MAX_CHUNKS_PER_TENSOR} items (chunks per tensor)")
+        if isinstance(container, (dict, set)) and len(container) > MAX_CHUNKS:
+            raise UnsafeCheckpointError(f"refusing to load: .metadata holds a table of more than "
+                                        f"{MAX_CHUNKS} entries")
 
     def find_class(self, module: str, name: str) -> Any:
         if name in ALLOWED.get(module, ()):
@@ -103,6 +135,22 @@ class MetadataUnpickler(pickle._Unpickler):  # the pure-Python machine: its opco
     for _op in (pickle.INST, pickle.OBJ, pickle.NEWOBJ_EX, pickle.EXT1, pickle.EXT2, pickle.EXT4):
         dispatch[_op[0]] = _refuse
     del _op
+    _GROWS = frozenset(op[0] for op in (pickle.APPEND, pickle.APPENDS, pickle.SETITEM,
+                                        pickle.SETITEMS, pickle.ADDITEMS))
+
+    def _counted(handler: Any, grows: bool) -> Any:  # noqa: N805 - run at class creation
+        def run(self: "MetadataUnpickler") -> None:
+            self._ops += 1
+            if not self._ops & 4095:
+                self._tick()
+            handler(self)
+            if grows:
+                self._grown(self.stack[-1])
+        return run
+
+    for _op, _handler in list(dispatch.items()):
+        dispatch[_op] = _counted(_handler, _op in _GROWS)
+    del _counted, _op, _handler
 
 
 def _size(value: Any, dims: int | None = None) -> bool:
@@ -119,6 +167,7 @@ def validate_metadata(md: Any) -> Metadata:
     """``md`` if every field has the type DCP gives it (and item ranges are plain), else raise."""
     _check(type(md) is Metadata, "it holds no DCP Metadata")
     _check(type(md.state_dict_metadata) is dict, "state_dict_metadata is not a dict")
+    chunks = 0
     for fqn, item in md.state_dict_metadata.items():
         what = f"entry {label(fqn)}"
         _check(type(fqn) is str and type(item) in (TensorStorageMetadata, BytesStorageMetadata),
@@ -133,7 +182,18 @@ def validate_metadata(md: Any) -> Metadata:
                 and _size(c.sizes, len(item.size))
                 and all(o + s <= n for o, s, n in zip(c.offsets, c.sizes, item.size))
                 for c in item.chunks), f"{what}: a chunk outside its tensor")
-    _check(type(md.storage_data) is dict, "storage_data is not a dict")
+            # the work a load does: no more chunks than ranks could write, and no more elements
+            # than the tensor has (a chunk listed twice would be read twice)
+            chunks += len(item.chunks)
+            _check(len(item.chunks) <= MAX_CHUNKS_PER_TENSOR and chunks <= MAX_CHUNKS,
+                   f"{what}: more chunks than a checkpoint of up to {MAX_CHUNKS_PER_TENSOR} "
+                   f"ranks has ({MAX_CHUNKS} in all)")
+            full = [tuple(c.offsets) for c in item.chunks if math.prod(c.sizes)]
+            _check(len(set(full)) == len(full)
+                   and sum(math.prod(c.sizes) for c in item.chunks) <= math.prod(item.size),
+                   f"{what}: chunks that overlap (more elements than the tensor has)")
+    _check(type(md.storage_data) is dict and len(md.storage_data) <= MAX_CHUNKS,
+           f"storage_data is not a dict of at most {MAX_CHUNKS} records")
     for index, info in md.storage_data.items():
         _check(type(index) is MetadataIndex and type(index.fqn) is str
                and (index.offset is None or _size(index.offset))
@@ -156,12 +216,16 @@ def validate_metadata(md: Any) -> Metadata:
 check_metadata = validate_metadata  # its name before issue 32 (check_* now means a grader)
 
 
-def read_metadata(folder: str | os.PathLike, files: Iterable[str] | None = None) -> Metadata:
+def read_metadata(folder: str | os.PathLike | PinnedFolder,
+                  files: Iterable[str] | None = None) -> Metadata:
     """``folder/.metadata`` unpickled by :class:`MetadataUnpickler` and checked; every item's
-    file must be one of ``files`` (when given) and hold the item's bytes (real sizes)."""
+    file must be one of ``files`` (when given) and hold the item's bytes (real sizes). The work
+    is bounded (:data:`MAX_PICKLE_OPS`, :data:`MAX_CHUNKS_PER_TENSOR`, :data:`MAX_CHUNKS`,
+    :data:`MAX_METADATA_SECONDS`) before any tensor is read."""
+    deadline = time.monotonic() + MAX_METADATA_SECONDS
     data = read_in_folder(folder, ".metadata", MAX_METADATA_BYTES)
     try:
-        md = MetadataUnpickler(io.BytesIO(data)).load()
+        md = MetadataUnpickler(io.BytesIO(data), deadline=deadline).load()
     except UnsafeCheckpointError:
         raise
     except Exception:  # a garbage pickle can raise almost anything, and its text (even its
@@ -169,6 +233,9 @@ def read_metadata(folder: str | os.PathLike, files: Iterable[str] | None = None)
         raise UnsafeCheckpointError("unreadable .metadata: not a pickle of DCP metadata"
                                     ) from None
     validate_metadata(md)
+    if time.monotonic() > deadline:
+        raise UnsafeCheckpointError(f"refusing to load: reading .metadata took more than "
+                                    f"{MAX_METADATA_SECONDS:g} s")
     listed, sizes = None if files is None else frozenset(files), {}
     for index, info in md.storage_data.items():
         what, name = f"item {label(index.fqn)}", info.relative_path
@@ -179,6 +246,13 @@ def read_metadata(folder: str | os.PathLike, files: Iterable[str] | None = None)
             sizes[name] = os.fstat(fd).st_size
             os.close(fd)
         _past_end(what, info, sizes[name])
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for info in md.storage_data.values():
+        ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+    for name, spans in ranges.items():  # every byte is read once at most: no overlapping items
+        spans.sort()
+        _check(all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:])),
+               f"two items share bytes of {label(name)} (a record would be read twice)")
     return md
 
 
@@ -191,26 +265,30 @@ def _past_end(what: str, info: _StorageInfo, size: int) -> None:
 class _FolderFS(FileSystem):
     """DCP's file system, opening only regular files directly inside one folder."""
 
-    def __init__(self, folder: str | os.PathLike):
-        self.folder = os.path.abspath(folder)
+    def __init__(self, folder: str | os.PathLike | PinnedFolder):
+        self.pinned = folder if isinstance(folder, PinnedFolder) else None
+        self.folder = folder.path if self.pinned else os.path.abspath(folder)
 
     def create_stream(self, path, mode):  # DCP calls it as a context manager
         if mode != "rb" or os.path.dirname(os.path.abspath(path)) != self.folder:
             raise UnsafeCheckpointError("refusing to open a file outside the checkpoint")
-        return os.fdopen(open_in_folder(self.folder, os.path.basename(path)), "rb")
+        return os.fdopen(open_in_folder(self.pinned or self.folder, os.path.basename(path)),
+                         "rb")
 
 
 class SafeReader(FileSystemReader):
-    """:class:`FileSystemReader` confined to its folder (module docstring), ``files`` listed."""
+    """:class:`FileSystemReader` confined to its folder (module docstring), ``files`` listed;
+    given a :class:`PinnedFolder`, every file is opened relative to its descriptor."""
 
-    def __init__(self, path: str | os.PathLike, files: Iterable[str] | None = None) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | os.PathLike | PinnedFolder,
+                 files: Iterable[str] | None = None) -> None:
+        super().__init__(path.path if isinstance(path, PinnedFolder) else path)
         self.fs, self.files, self._labels = _FolderFS(path), files, {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise UnsafeCheckpointError("per-rank .metadata files are not read")
-        metadata = read_metadata(self.path, self.files)
+        metadata = read_metadata(self.fs.pinned or self.path, self.files)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

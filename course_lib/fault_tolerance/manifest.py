@@ -21,11 +21,11 @@ from pathlib import Path
 
 from course_lib.common.checks import non_negative_int
 from course_lib.fault_tolerance.commit import MARKER
-from course_lib.fault_tolerance.safe_files import (UnsafeCheckpointError, label, open_in_folder,
-                                                   plain_name, read_in_folder)
+from course_lib.fault_tolerance.safe_files import (PinnedFolder, UnsafeCheckpointError, label,
+                                                   open_in_folder, plain_name, read_in_folder)
 
 __all__ = ["CheckpointError", "MANIFEST", "FORMAT", "COMMITTED", "checkpoint_name",
-           "read_manifest", "file_sha256", "verify_checkpoint", "checkpoint_status",
+           "pin_checkpoint", "read_manifest", "file_sha256", "verify_checkpoint", "checkpoint_status",
            "complete_checkpoints", "latest_checkpoint"]
 
 MANIFEST = MARKER  # the commit marker (commit.py) holds the manifest
@@ -76,20 +76,40 @@ def _schema(m: dict) -> str | None:
     return None if ".metadata" in files else "files does not list .metadata"
 
 
-def read_manifest(path: str | Path) -> dict:
-    """The checked manifest of the checkpoint directory ``path``; CheckpointError if unusable."""
+def pin_checkpoint(path: str | Path) -> PinnedFolder:
+    """Open committed checkpoint folder ``path`` once (:class:`PinnedFolder`); CheckpointError if
+    it is not a real directory with a committed name."""
     path = Path(path)
-    match = COMMITTED.match(path.name)
-    if not stat.S_ISDIR(_lstat(path, "no such checkpoint directory").st_mode):
-        raise CheckpointError(f"{path.name}: not a directory (a symbolic link is not followed)")
-    if match is None:
+    if COMMITTED.match(path.name) is None:
+        if not os.path.lexists(path):
+            raise CheckpointError(f"{path.name}: no such checkpoint directory")
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise CheckpointError(f"{path.name}: not a directory (a symbolic link is not "
+                                  "followed)")
         raise CheckpointError(f"{path.name}: not a committed checkpoint (an unfinished save "
                               "ends in .tmp and is never loaded)")
-    if not os.path.lexists(path / MANIFEST):
-        raise CheckpointError(f"{path.name}: no {MANIFEST} (commit marker): the save did not "
-                              "finish")
     try:
-        manifest = json.loads(read_in_folder(path, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
+        return PinnedFolder(path)
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def read_manifest(path: str | Path | PinnedFolder) -> dict:
+    """The checked manifest of the checkpoint directory ``path``; CheckpointError if unusable."""
+    if not isinstance(path, PinnedFolder):
+        with pin_checkpoint(path) as folder:
+            return read_manifest(folder)
+    folder, path = path, Path(path.path)
+    match = COMMITTED.match(path.name)
+    try:
+        folder.lstat(MANIFEST)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name}: no {MANIFEST} (commit marker): the save did not "
+                              "finish") from None
+    except OSError:
+        raise CheckpointError(f"{path.name}: {MANIFEST} cannot be read") from None
+    try:
+        manifest = json.loads(read_in_folder(folder, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
     except UnsafeCheckpointError as exc:
         raise CheckpointError(f"{path.name}: {exc}") from None
     except json.JSONDecodeError as exc:  # its message names a position, never the text
@@ -115,14 +135,16 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
-def _lstat(path: Path, missing: str) -> os.stat_result:
+def _lstat(folder: PinnedFolder, name: str, missing: str) -> os.stat_result:
     try:
-        return os.lstat(path)
+        return folder.lstat(name)
     except FileNotFoundError:
-        raise CheckpointError(f"{path.name}: {missing}") from None
+        raise CheckpointError(f"{folder.name}: {missing}") from None
+    except OSError:
+        raise CheckpointError(f"{folder.name}: {label(name)} cannot be read") from None
 
 
-def file_sha256(folder: Path, name: str) -> str:
+def file_sha256(folder: Path | PinnedFolder, name: str) -> str:
     digest = hashlib.sha256()
     with os.fdopen(open_in_folder(folder, name), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -130,33 +152,40 @@ def file_sha256(folder: Path, name: str) -> str:
     return digest.hexdigest()
 
 
-def verify_checkpoint(path: str | Path, *, checksums: bool = True) -> dict:
+def verify_checkpoint(path: str | Path | PinnedFolder, *, checksums: bool = True) -> dict:
     """Return the manifest of committed checkpoint ``path``; raise CheckpointError if unusable.
 
     Checks: the directory name is a committed one, ``manifest.json`` exists, parses and has
     the right fields (:func:`read_manifest`), every listed file is a regular file (not a
     symlink) with its size (and SHA-256 if ``checksums``), and no file is missing from the list.
+    Everything is read relative to the folder opened once (:class:`PinnedFolder`).
     """
-    path = Path(path)
-    manifest = read_manifest(path)
+    if not isinstance(path, PinnedFolder):
+        with pin_checkpoint(path) as folder:
+            return verify_checkpoint(folder, checksums=checksums)
+    folder, name = path, path.name
+    manifest = read_manifest(folder)
     for fname, info in manifest["files"].items():
         shown = label(fname)
-        st = _lstat(path / fname, f"missing file {shown}")
+        st = _lstat(folder, fname, f"missing file {shown}")
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
             what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise CheckpointError(f"{path.name}: {shown} is {what} (refused, never followed)")
+            raise CheckpointError(f"{name}: {shown} is {what} (refused, never followed)")
         if st.st_size != info["bytes"]:
-            raise CheckpointError(f"{path.name}: {shown} has {st.st_size} bytes, the "
+            raise CheckpointError(f"{name}: {shown} has {st.st_size} bytes, the "
                                   f"manifest says {info['bytes']} (truncated or overwritten)")
         try:
-            if checksums and file_sha256(path, fname) != info["sha256"]:
-                raise CheckpointError(f"{path.name}: checksum mismatch in {shown} (corrupted)")
+            if checksums and file_sha256(folder, fname) != info["sha256"]:
+                raise CheckpointError(f"{name}: checksum mismatch in {shown} (corrupted)")
         except UnsafeCheckpointError as exc:
-            raise CheckpointError(f"{path.name}: {exc}") from None
-    extra = sorted(label(n) for n in os.listdir(path) if n not in manifest["files"]
-                   and n != MANIFEST)
+            raise CheckpointError(f"{name}: {exc}") from None
+    try:
+        listed = folder.listdir()
+    except OSError:
+        raise CheckpointError(f"{name}: cannot be listed") from None
+    extra = sorted(label(n) for n in listed if n not in manifest["files"] and n != MANIFEST)
     if extra:
-        raise CheckpointError(f"{path.name}: manifest mismatch: files not in the manifest {extra}")
+        raise CheckpointError(f"{name}: manifest mismatch: files not in the manifest {extra}")
     return manifest
 
 

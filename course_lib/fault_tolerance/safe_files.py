@@ -6,6 +6,7 @@ its folder, a regular file opened with ``O_NOFOLLOW`` (a symlink is refused, nev
 record (what ``torch.save`` wrote for one item) is read into memory once, bounded by the file,
 and must be a zip archive of *stored* records that fit inside it before ``torch.load`` sees it
 (a deflated record can expand a thousandfold); a bytes item unpickles with no globals at all.
+A load opens its folder once (:class:`PinnedFolder`) and every file relative to that descriptor.
 Refusals are :class:`UnsafeCheckpointError` with texts written here, never a parser's message:
 those can quote bytes of the file (``Unsupported operand 65`` is the byte ``A``).
 """
@@ -21,7 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["UnsafeCheckpointError", "label", "plain_name", "open_in_folder", "read_in_folder",
+__all__ = ["UnsafeCheckpointError", "label", "plain_name", "PinnedFolder", "open_in_folder",
+           "read_in_folder",
            "validate_record", "check_record", "load_plain"]
 
 _SAFE_TEXT = re.compile(r"[\w./:\-]{1,200}")
@@ -42,32 +44,81 @@ def plain_name(name: Any) -> bool:
             and "/" not in name and "\0" not in name)
 
 
-def open_in_folder(folder: str | os.PathLike, name: str) -> int:
-    """File descriptor of regular file ``name`` directly inside ``folder``, never a symlink."""
+class PinnedFolder:
+    """A folder opened once (``O_DIRECTORY | O_NOFOLLOW``); every file is then opened relative to
+    that descriptor (``dir_fd``), so renaming the folder or swapping a symlink in its place
+    during a load cannot redirect a read to another folder: the reads stay on this inode.
+    The last path component must be a real directory (a symlink is refused, never followed)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.path.abspath(path)
+        self.name = os.path.basename(self.path)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise UnsafeCheckpointError(f"{label(self.name)}: no such checkpoint directory"
+                                        ) from None
+        except OSError:  # ELOOP (a symlink), ENOTDIR (a file), EACCES
+            why = ("not a directory (a symbolic link is not followed)"
+                   if os.path.islink(self.path) or not os.path.isdir(self.path)
+                   else "cannot be opened")
+            raise UnsafeCheckpointError(f"{label(self.name)}: {why}") from None
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def lstat(self, name: str) -> os.stat_result:
+        """``lstat`` of ``name`` inside this folder (FileNotFoundError if absent)."""
+        if not plain_name(name):
+            raise UnsafeCheckpointError("a file name that is not a plain name in the folder")
+        return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+
+    def listdir(self) -> list[str]:
+        return os.listdir(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "PinnedFolder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_in_folder(folder: "str | os.PathLike | PinnedFolder", name: str) -> int:
+    """File descriptor of regular file ``name`` directly inside ``folder``, never a symlink;
+    relative to the folder's descriptor when ``folder`` is a :class:`PinnedFolder`."""
     if not plain_name(name):
         raise UnsafeCheckpointError("a file name that is not a plain name in the folder")
-    path = os.path.join(folder, name)
+    pinned = isinstance(folder, PinnedFolder)
+    path = os.path.join(folder.path if pinned else folder, name)
     try:  # O_NOFOLLOW: a symlink fails (ELOOP); O_NONBLOCK: a FIFO cannot block the open
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, _FLAGS, dir_fd=folder.fd) if pinned else os.open(path, _FLAGS)
     except FileNotFoundError:
         raise UnsafeCheckpointError(f"{label(name)} is missing") from None
     except OSError:
-        why = "is a symbolic link" if os.path.islink(path) else "cannot be opened"
+        link = (stat.S_ISLNK(folder.lstat(name).st_mode) if pinned else os.path.islink(path))
+        why = "is a symbolic link" if link else "cannot be opened"
         raise UnsafeCheckpointError(f"{label(name)} {why}") from None
-    inside = os.path.join(os.path.realpath(folder), name) == os.path.realpath(path)
+    inside = pinned or os.path.join(os.path.realpath(folder), name) == os.path.realpath(path)
     if not stat.S_ISREG(os.fstat(fd).st_mode) or not inside:
         os.close(fd)
         raise UnsafeCheckpointError(f"{label(name)} is not a regular file in the folder")
     return fd
 
 
-def read_in_folder(folder: str | os.PathLike, name: str, limit: int) -> bytes:
+def read_in_folder(folder: "str | os.PathLike | PinnedFolder", name: str, limit: int) -> bytes:
     """All bytes of ``name`` (see :func:`open_in_folder`), refused beyond ``limit`` bytes."""
     with os.fdopen(open_in_folder(folder, name), "rb") as f:
         if os.fstat(f.fileno()).st_size > limit:
             raise UnsafeCheckpointError(f"{label(name)} is larger than {limit} bytes")
         return f.read(limit + 1)
-
 
 
 def validate_record(data: bytes, what: str, fname: str) -> None:

@@ -6,8 +6,9 @@ running. It becomes a Linux *child subreaper* (orphaned workers are re-parented 
 whole tree when its stdin closes (the kernel died or gave up), on SIGTERM and after CMD exits,
 and exits with CMD's exit code. ``--net=private`` starts CMD in a private network namespace
 (:mod:`course_lib.launcher._private_net`) or, where the kernel refuses, where we are;
-``--net=join:PID`` in PID's. ``--ready-fd=N`` then says which on fd N (``private PID`` with
-CMD's pid, or ``shared <reason>``). :func:`start` is the parent's side.
+``--net=private-only`` there or nowhere (the refusal is reported, CMD never starts, exit code
+3); ``--net=join:PID`` in PID's. ``--ready-fd=N`` then says which on fd N (``private PID`` with
+CMD's pid, ``shared <reason>`` or ``refused <reason>``). :func:`start` is the parent's side.
 """
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ def start(cmd: list[str], net: str | None = None, prefix: Sequence[str] = (),
           **popen) -> tuple[subprocess.Popen, str | None, int | None]:
     """Start the reaper on ``cmd``: ``(reaper, why its network is shared or None, pid inside)``.
 
-    ``net``: ``"private"``, ``"join:PID"`` or None (the caller's network, not asked for);
-    ``prefix`` goes before the reaper (``ip netns exec NS``). Returns once CMD has started;
-    the pid is CMD's (the one to join), None when shared.
+    ``net``: ``"private"``, ``"private-only"``, ``"join:PID"`` or None (the caller's network,
+    not asked for); ``prefix`` goes before the reaper (``ip netns exec NS``). Returns once CMD
+    has started (or, with ``"private-only"``, was refused: then the reaper has ended and the
+    reason is the second item); the pid is CMD's (the one to join), None when shared.
     """
     reaper = [*prefix, sys.executable, "-m", "course_lib.launcher._reaper"]
     if net is None:
@@ -78,7 +80,7 @@ def _kill_tree() -> None:
         psutil.wait_procs(children, timeout=5)
 
 
-def _popen(cmd: list[str], net: str | None) -> tuple[subprocess.Popen, str]:
+def _popen(cmd: list[str], net: str | None) -> tuple[subprocess.Popen | None, str]:
     """Start CMD in the network asked for; return it and the status line for ``--ready-fd``."""
     if not net:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL), "shared not asked for"
@@ -86,7 +88,7 @@ def _popen(cmd: list[str], net: str | None) -> tuple[subprocess.Popen, str]:
 
     def move() -> None:  # in the child, between fork and exec (single-threaded)
         try:
-            if net == "private":
+            if net in ("private", "private-only"):
                 _private_net.enter()
             elif net.startswith("join:"):
                 _private_net.join(int(net[5:]))
@@ -103,6 +105,8 @@ def _popen(cmd: list[str], net: str | None) -> tuple[subprocess.Popen, str]:
         os.close(write)
         write = None
         reason = os.read(read, 4096).decode("utf-8", "replace") or "unknown"
+        if net == "private-only":
+            return None, f"refused {reason}"
         if net != "private":
             raise SystemExit(f"course_lib: could not join the job's private network: {reason}")
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL), f"shared {reason}"
@@ -123,6 +127,9 @@ def main(argv: list[str]) -> int:
     if "ready-fd" in opts:
         os.write(int(opts["ready-fd"]), status.encode())
         os.close(int(opts["ready-fd"]))
+    if proc is None:  # --net=private-only, refused: nothing was started
+        print(f"course_lib: no private network namespace: {status[8:]}", file=sys.stderr)
+        return 3
 
     def on_lifeline() -> None:
         while sys.stdin.buffer.read(1):

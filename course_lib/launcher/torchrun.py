@@ -30,7 +30,10 @@ import torch.distributed as dist
 
 from course_lib.launcher import _reaper, devices, progress
 
-__all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError"]
+__all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError",
+           "SharedLoopbackError", "ALLOW_SHARED_LOOPBACK"]
+
+ALLOW_SHARED_LOOPBACK = "COURSE_ALLOW_SHARED_LOOPBACK"  # =1: the opt-in, for a whole session
 
 _PREFIX = re.compile(rb"^\[(?:default|[a-z_]+)(\d+)\]:(?:\[rank\d+\]:)?")
 
@@ -53,6 +56,15 @@ class TorchrunError(RuntimeError):
         super().__init__(f"torchrun exited with code {returncode}: {who}\n"
                          f"--- last lines from {'rank ' + str(rank) if rank is not None else 'the job'}"
                          f" ---\n{text}")
+
+
+class SharedLoopbackError(RuntimeError):
+    """No private network namespace could be made, and the job was not allowed to run without."""
+
+
+_RISK = ("on the host's loopback every local user can connect to torchrun's stores (they have "
+         "no authentication): TCPStore.list_keys() names every key, the rendezvous key "
+         "included, and rewriting the pickled state stored there runs code as you in the agent")
 
 
 @dataclass(frozen=True)
@@ -100,32 +112,39 @@ def cluster_command(target: str, nprocs_per_node: int, nnodes: int, args: Sequen
 
 def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_restarts: int = 0,
              timeout: float = 300.0, module: bool = False, env: dict | None = None,
-             quiet: bool = False) -> TorchrunResult:
+             quiet: bool = False, allow_shared_loopback: bool | None = None) -> TorchrunResult:
     """Run ``target`` under torchrun on this machine; stream its output; raise on failure.
 
     The whole process tree (torchrun and its workers, which live in their own sessions) is
     supervised by :mod:`course_lib.launcher._reaper`: a timeout, an interrupt or a dying kernel leaves
-    no process behind. It runs in a private network namespace where the kernel allows one, so
-    that no other user of this machine can reach torchrun's stores (the job has no network but
-    its own loopback); elsewhere it warns once and relies on a random rendezvous id
-    (:func:`private_run_env`).
+    no process behind. It runs in a private network namespace, so that no other user of this
+    machine can reach torchrun's stores (the job has no network but its own loopback). Where
+    the kernel refuses one, it raises :class:`SharedLoopbackError` before the job starts,
+    unless ``allow_shared_loopback=True`` (or the environment variable
+    ``COURSE_ALLOW_SHARED_LOOPBACK=1``): then it warns and runs on the host's loopback, where
+    every local user can list the stores' keys and run code as you (a machine of your own only).
     """
     devices.plan(nprocs)  # same limits and messages as run()
     devices.validate_timeout(timeout)
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
+    if allow_shared_loopback is None:
+        allow_shared_loopback = os.environ.get(ALLOW_SHARED_LOOPBACK) == "1"
+    elif type(allow_shared_loopback) is not bool:
+        raise TypeError(f"allow_shared_loopback must be True or False, got "
+                        f"{allow_shared_loopback!r}")
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
     # the job gets a private temp folder, removed afterwards (with what the workers left there)
     tmp = tempfile.mkdtemp(prefix="course_lib_torchrun_")
     try:
         return _torchrun(target, nprocs, args, max_restarts, timeout, module,
-                         {**(env or {}), "TMPDIR": tmp}, quiet)
+                         {**(env or {}), "TMPDIR": tmp}, quiet, allow_shared_loopback)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, timeout: float,
-              module: bool, env: dict, quiet: bool) -> TorchrunResult:
+              module: bool, env: dict, quiet: bool, allow_shared: bool) -> TorchrunResult:
     cmd = torchrun_command(target, nprocs, args, max_restarts=max_restarts, module=module)
     threads = str(max(1, devices.cpu_count() // nprocs))
     child_env = {**os.environ, "OMP_NUM_THREADS": threads, **private_run_env(), **env,
@@ -135,9 +154,16 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
     # the same torchrun, its stores listening on 127.0.0.1 only (see _loopback_torchrun), in a
     # private network namespace where the kernel allows one (see _private_net)
     launch = [sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
-    proc, shared, _ = _reaper.start(launch, "private", stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=child_env)
+    proc, shared, _ = _reaper.start(launch, "private" if allow_shared else "private-only",
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=child_env)
+    if shared and not allow_shared:  # the reaper started nothing and has ended
+        proc.communicate(timeout=30)
+        raise SharedLoopbackError(
+            f"course_lib.torchrun: the kernel refused a private network namespace here "
+            f"({shared}), and {_RISK}. The job was not started. On a machine no one else uses, "
+            "pass allow_shared_loopback=True (or set COURSE_ALLOW_SHARED_LOOPBACK=1); on a "
+            "shared one, ask for user namespaces (docs/architecture.md, Trust boundary)")
     if shared:
         warn_shared_network(shared)
     lines: list[str] = []
@@ -172,8 +198,9 @@ def private_run_env() -> dict:
     """Environment for a local torchrun: a random rendezvous id (``PET_RDZV_ID``).
 
     torchrun's default id, ``none``, names the key of the pickled rendezvous state
-    (``torch.rendezvous.none``); a random one, kept out of the command line (which every local
-    user can read in ``/proc``), is the defence left where no private namespace can be made.
+    (``torch.rendezvous.none``); a random one is kept out of the command line (which every local
+    user can read in ``/proc``). It is no defence on a shared loopback: ``TCPStore.list_keys()``
+    names every key of a store to whoever connects.
     """
     return {"PET_RDZV_ID": f"course_lib_{secrets.token_hex(16)}"}
 
@@ -186,11 +213,10 @@ def warn_shared_network(reason: str) -> None:
     if _WARNED:
         return
     _WARNED.append(reason)
-    warnings.warn(f"course_lib: no private network namespace here ({reason}); torchrun's stores "
-                  "listen on 127.0.0.1, where every local user can connect to them: a random "
-                  "rendezvous id keeps the pickled state's key secret, but another user can still "
-                  "disturb the job. Fine on your own machine; on a shared one see the trust "
-                  "boundary in docs/architecture.md", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"course_lib: no private network namespace here ({reason}): torchrun's "
+                  f"stores listen on 127.0.0.1, and "
+                  f"{_RISK}. Fine on a machine of your own only; see the trust boundary in "
+                  "docs/architecture.md", RuntimeWarning, stacklevel=3)
 
 
 def _stream(proc: subprocess.Popen, lines: list[str], deadline: float, quiet: bool,

@@ -3,46 +3,38 @@
 A submission's chapter comes from its content (the student edition's ``course`` metadata, else
 the chapter whose markdown it shares most), never from its file name. Each exercise's answer is
 read from the submitted cell holding the same ``check_*`` calls: the cell's other statements,
-minus those the published cell has too. In one fresh kernel (``session.Session``) the *original*
-chapter's cells run in order, so a student cannot change the setup or the check; at each exercise
-the published cell with the student's answer in place of the stub runs in a copy of the
-namespace, its ``check_*`` results recorded. A time limit, an output cap or a dead kernel fails
-that exercise only; a dead or killed kernel is restarted and the cells before are replayed.
+minus those the published cell has too. Each submission runs in a sandbox of its own
+(:mod:`tests.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
+kernel and, at each exercise, the published cell with the student's answer in place of the
+stub, in a copy of the namespace. Value checks (``check_number``, ``check_close``,
+``check_choice``) are decided here, from the plain data the sandbox sends back, against the
+values a reference run of the published chapter computed (no student code in it); the other
+checks report from inside the sandbox (a submission can fake those, its own only). A time
+limit, an output cap or a dead kernel fails that exercise only; a dead or killed kernel is
+restarted and the cells before are replayed. Where no sandbox can be made, untrusted work is
+refused (:class:`SandboxUnavailable`) unless ``trusted``.
 """
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from course_lib.exercises import Feedback, check_choice, check_close, check_number
 from tests.classroom.edition import CHAPTERS, _source, find_exercises
-from tests.classroom.session import Session
+from tests.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
 
 from exercise_cells import _is_stub, with_answer  # noqa: E402  (edition put tests/ on sys.path)
 
 SETUP_LIMIT = 300.0   # seconds for one of the chapter's own cells (nbval's cell timeout)
+MAX_NOTEBOOK_BYTES = 64 << 20
 PROTECTED = re.compile(r"^(check_\w*|__record|__course_\w*|Feedback|get_ipython)$")
-_GRADE = '''\
-def __course_grade(code):
-    import json
-    from IPython import get_ipython
-    from course_lib.exercises import Feedback
-    seen, error = [], None
-    ns = dict(get_ipython().user_ns)
-    ns["__record"] = lambda v: (seen.append(v) if isinstance(v, Feedback) else None, v)[1]
-    try:
-        exec(compile(code, "<your answer>", "exec"), ns)
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    return json.dumps({"passed": [bool(f.passed) for f in seen],
-                       "messages": [str(f) for f in seen], "error": error})
-'''
-
-
 @dataclass
 class ExerciseResult:
     name: str
@@ -167,32 +159,187 @@ def _setup_code(cell: dict, is_exercise: bool) -> str:
     return ast.unparse(ast.Module([n for n in ast.parse(source).body if not _checks(n)], []))
 
 
-def _verdict(outcome, time_limit: float, cap: int) -> tuple[bool, list[str]]:
-    if outcome.limit == "time":
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made here and the work was not declared trusted."""
+
+
+VALUE_CHECKS = {"check_number": check_number, "check_close": check_close,
+                "check_choice": check_choice}
+
+
+def _decode(value):
+    """A value the sandbox sent (the ``repr`` of plain data, parsed), with its tensors rebuilt."""
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "__tensor__":
+        import torch
+        return torch.tensor(_decode(value[1]), dtype=getattr(torch, value[2], None))
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__float__":
+        return float(value[1])
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__unrepresentable__":
+        return Unrepresentable(value[1])
+    if isinstance(value, (list, tuple)):
+        return type(value)(_decode(v) for v in value)
+    if isinstance(value, dict):
+        return {_decode(k): _decode(v) for k, v in value.items()}
+    return value
+
+
+class Unrepresentable:
+    def __init__(self, what):
+        self.what = what
+
+    def __repr__(self):
+        return f"<a {self.what}>"
+
+
+def _parse(text) -> list | None:
+    try:
+        value = ast.literal_eval(text) if isinstance(text, str) else None
+        return _decode(value) if isinstance(value, list) else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _exercise_verdict(entry: dict, time_limit: float, cap: int) -> tuple[bool, list[str]]:
+    """The verdict, computed here (outside the sandbox) from what the sandbox sent."""
+    if entry.get("limit") == "time":
         return False, [f"stopped after the time limit of {time_limit:g} s"]
-    if outcome.limit == "output":
+    if entry.get("limit") == "output":
         return False, [f"stopped: it printed more than {cap:,} characters"]
-    if outcome.limit == "died" or outcome.error and outcome.error.startswith("killed"):
-        return False, ["the kernel died while your code ran (os._exit, a crash or a kill); "
-                       "the grader restarted it"]
-    if outcome.error:
-        return False, [f"the grader could not run the cell: {outcome.error}"]
-    raw = outcome.expressions.get("v", {})
-    if raw.get("status") != "ok":
+    if entry.get("limit") == "died":
+        return False, ["the kernel died while your code ran (os._exit, a crash, a kill or the "
+                       "memory limit)"]
+    if entry.get("error"):
+        return False, [f"the grader could not run the cell: {entry['error']}"]
+    inside = entry.get("inside")
+    expected, answers = _parse(entry.get("expected")), _parse((inside or {}).get("answers"))
+    if not isinstance(inside, dict) or expected is None or answers is None:
         return False, ["the check did not report a verdict"]
-    report = json.loads(ast.literal_eval(raw["data"]["text/plain"]))
-    lines = list(report["messages"])
-    if report["error"]:
-        lines.append(f"your code raised {report['error']}")
-    passed = bool(report["passed"]) and all(report["passed"]) and not report["error"]
-    return passed, lines or ["the check did not run"]
+    lines, passed = [], []
+    if len(answers) != len(expected) or any(
+            not (isinstance(a, tuple) and isinstance(e, tuple) and a[0] == e[0])
+            for a, e in zip(answers, expected)):
+        return False, ["the checks did not run as published (your code stopped them or "
+                       "called them itself)"]
+    for (name, args, kwargs), (_, answer) in zip(expected, answers):
+        try:
+            feedback = VALUE_CHECKS[name](answer, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - a malformed value: a failed check
+            feedback = Feedback(False, f"your answer could not be checked ({type(err).__name__})",
+                                kwargs.get("name", "exercise") if isinstance(kwargs, dict)
+                                else "exercise")
+        passed.append(bool(feedback.passed))
+        lines.append(str(feedback))
+    try:
+        passed += [bool(p) for p in inside["passed"]]
+        lines += [str(m)[:2000] for m in inside["messages"]]
+        error = inside["error"]
+    except (KeyError, TypeError):
+        return False, ["the check did not report a verdict"]
+    if error:
+        lines.append(f"your code raised {str(error)[:300]}")
+    return bool(passed) and all(passed) and not error, lines or ["the check did not run"]
+
+
+def _job(published: list, exercises: list, answers: list, time_limit: float,
+         output_cap: int) -> dict:
+    at = {e.cell for e in exercises}
+    cells = []
+    for i, cell in enumerate(published):
+        code = cell["cell_type"] == "code"
+        cells.append({"type": cell["cell_type"], "source": _source(cell) if code else "",
+                      "setup": _setup_code(cell, i in at) if code else ""})
+    return {"cells": cells, "time_limit": time_limit, "output_cap": output_cap,
+            "setup_limit": SETUP_LIMIT,
+            "exercises": [{"cell": e.cell, "published": with_answer(e.source, None)}
+                          for e in exercises],
+            "answers": [{"error": str(a), "code": None} if isinstance(a, ValueError) else
+                        {"error": None, "code": with_answer(e.source, a)}
+                        for a, e in zip(answers, exercises)]}
+
+
+_UIDS = iter(range(FIRST_UID + (os.getpid() % 1000) * 1000, FIRST_UID + 2_000_000))
+
+
+def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) -> dict:
+    """Run ``grade_one`` on ``job`` (in a fresh sandbox unless ``trusted`` and none can be
+    made); returns the sandbox's report (:meth:`Sandbox.run`)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root,
+           "COURSE_ALLOW_SHARED_LOOPBACK": "1",  # the sandbox's loopback is its own
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "LANG": "C.UTF-8",
+           "PYDEVD_DISABLE_FILE_VALIDATION": "1", "JUPYTER_PLATFORM_DIRS": "1"}
+    for key in ("VIRTUAL_ENV", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    argv = [sys.executable, "-m", "tests.classroom.grade_one"]
+    budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
+    stdin = json.dumps(job).encode()
+    if why_not() is None:
+        with Sandbox(next(_UIDS), hide=hide, readonly=(root,)) as box:
+            return box.run(argv, env=env, stdin=stdin, timeout=budget,
+                           output_cap=output_cap)
+    if not trusted:
+        raise SandboxUnavailable(f"no sandbox here: {why_not()}")
+    return _run_trusted(argv, env, stdin, budget, output_cap)
+
+
+def _run_trusted(argv, env, stdin, budget, output_cap) -> dict:
+    """The same runner as a plain subprocess: for work declared trusted (no isolation)."""
+    import subprocess
+    import tempfile
+    read, write = os.pipe()
+    home = tempfile.mkdtemp(prefix="course-grade-")
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, pass_fds=(write,), cwd=home,
+                                env={**{k: v for k, v in env.items()
+                                        if k != "COURSE_ALLOW_SHARED_LOOPBACK"},
+                                     "HOME": home, "COURSE_RESULT_FD": str(write)},
+                                start_new_session=True)
+        os.close(write)
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        with os.fdopen(read, "rb") as f:
+            result = f.read(4 << 20)
+        code = proc.wait(budget)
+    finally:
+        import shutil
+        shutil.rmtree(home, ignore_errors=True)
+    return {"code": code, "output": b"", "result": result, "limit": None}
+
+
+_REFERENCE: dict[tuple, list | str] = {}
+
+
+def _reference(chapter: Path, job: dict, trusted: bool, hide: tuple, output_cap: int
+               ) -> list | str:
+    """Each exercise's value-check arguments as the published chapter computes them, run once
+    per chapter (cached for the batch) in a sandbox of its own, with no student code."""
+    key = (str(chapter), chapter.stat().st_mtime_ns, job["output_cap"])
+    if key not in _REFERENCE:
+        report = _run_sandboxed({**job, "mode": "reference", "answers": []}, trusted=trusted,
+                                hide=hide, output_cap=output_cap)
+        try:
+            got = json.loads(report["result"].decode("utf-8"))
+        except ValueError:
+            got = None
+        if isinstance(got, dict) and "published_failed" in got:
+            got = f"{chapter.stem} {got['published_failed']}"
+        elif not (isinstance(got, list) and len(got) == len(job["exercises"])):
+            got = f"{chapter.stem}: the reference run of the published chapter gave no values"
+        _REFERENCE[key] = got
+    return _REFERENCE[key]
 
 
 def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
-                   chapters: list[Path] = CHAPTERS) -> Result:
-    """Grade one submitted notebook against the published ``chapters`` (default: the course's)."""
+                   chapters: list[Path] = CHAPTERS, trusted: bool = False,
+                   hide: tuple = ()) -> Result:
+    """Grade one submitted notebook against the published ``chapters`` (default: the course's),
+    in a sandbox of its own (:mod:`tests.classroom.sandbox`); the verdicts are computed here."""
     start = time.monotonic()
     try:
+        if Path(path).stat().st_size > MAX_NOTEBOOK_BYTES:
+            return Result(str(path), None, error=f"larger than {MAX_NOTEBOOK_BYTES:,} bytes")
         nb = json.loads(Path(path).read_text())
         cells = nb["cells"]
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -205,67 +352,59 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
     answers = find_answers(exercises, cells)
     result = Result(str(path), chapter.stem)
     names = [exercise_name(e.source, k) for k, e in enumerate(exercises)]
+    job = _job(published, exercises, answers, time_limit, output_cap)
+    expected = _reference(chapter, job, trusted, hide, output_cap)
+    if isinstance(expected, str):  # the published chapter itself failed under the grader
+        result.error = expected
+        result.exercises = [ExerciseResult(n, False, [f"not graded: {expected}"]) for n in names]
+        return result
+    report = _run_sandboxed({**job, "mode": "answers"}, trusted=trusted, hide=hide,
+                            output_cap=output_cap)
     try:
-        _grade_cells(published, exercises, answers, names, result, chapter.stem, time_limit,
-                     output_cap)
-    except RuntimeError as err:  # a published cell failed: grade what is left as not graded
-        result.error = str(err)
-        result.exercises += [ExerciseResult(name, False, [f"not graded: {err}"])
-                             for name in names[len(result.exercises):]]
+        entries = json.loads(report["result"].decode("utf-8")) if report["result"] else None
+    except ValueError:
+        entries = None
+    if isinstance(entries, list) and len(entries) == len(expected):
+        for entry, values in zip(entries, expected):
+            if isinstance(entry, dict):
+                entry["expected"] = values
+    if not isinstance(entries, list) or len(entries) != len(exercises) or \
+            not all(isinstance(e, dict) for e in entries):
+        why = {"time": "the submission ran past its time budget",
+               "output": f"it printed more than {output_cap:,} bytes outside its cells' output"
+               }.get(report["limit"], "its sandbox ended without a report")
+        result.error = f"not graded: {why}"
+        entries = [{"error": why}] * len(exercises)
+    for k, (name, entry) in enumerate(zip(names, entries)):
+        if isinstance(answers[k], ValueError):
+            passed, lines = False, [str(answers[k])]
+        else:
+            passed, lines = _exercise_verdict(entry, time_limit, output_cap)
+        result.exercises.append(ExerciseResult(name, passed, lines))
     result.seconds = time.monotonic() - start
     return result
 
 
-def _grade_cells(published, exercises, answers, names, result, chapter, time_limit, output_cap):
-    at = {e.cell: k for k, e in enumerate(exercises)}
-    with Session(output_cap=output_cap) as session:
-        replay = False
-        for i, cell in enumerate(published[:exercises[-1].cell + 1] if exercises else []):
-            if cell["cell_type"] != "code":
-                continue
-            if replay:
-                session.restart()
-                for j, before in enumerate(published[:i]):
-                    if before["cell_type"] == "code":
-                        _run_setup(session, before, j in at, chapter, j)
-                replay = False
-            if i in at:
-                k, t0 = at[i], time.monotonic()
-                if isinstance(answers[k], ValueError):
-                    passed, lines = False, [str(answers[k])]
-                else:
-                    code = with_answer(exercises[k].source, answers[k])
-                    session.reset_folder()
-                    outcome = session.run(f"{_GRADE}__course_verdict = __course_grade({code!r})\n"
-                                          "del __course_grade", time_limit=time_limit,
-                                          expressions={"v": "__course_verdict"})
-                    passed, lines = _verdict(outcome, time_limit, output_cap)
-                    replay = not session.alive
-                    if not replay:
-                        session.reset_folder()
-                result.exercises.append(ExerciseResult(names[k], passed, lines,
-                                                       time.monotonic() - t0))
-                if replay or k == len(exercises) - 1:
-                    continue
-            _run_setup(session, cell, i in at, chapter, i)
-
-
-def _run_setup(session: Session, cell: dict, is_exercise: bool, chapter: str, i: int) -> None:
-    outcome = session.run(_setup_code(cell, is_exercise), time_limit=SETUP_LIMIT)
-    if not outcome.ok:
-        raise RuntimeError(f"{chapter} cell {i} (published) failed under the grader: "
-                           f"{outcome.error or outcome.limit}")
-
-
 def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
-                 chapters: list[Path] = CHAPTERS,
+                 chapters: list[Path] = CHAPTERS, trusted: bool = False, hide: tuple = (),
                  progress: Callable[[str], None] = lambda line: None) -> list[Result]:
-    """Grade every ``*.ipynb`` under ``folder``; one that cannot be graded is reported, not fatal."""
+    """Grade every ``*.ipynb`` under ``folder``, each in a sandbox of its own; one that cannot be
+    graded is reported, not fatal. Raises :class:`SandboxUnavailable` before grading anything
+    where no sandbox can be made, unless ``trusted``."""
+    reason = why_not()
+    if reason is not None and not trusted:
+        raise SandboxUnavailable(
+            f"cannot grade untrusted work here: {reason}. Each submission needs a sandbox "
+            "(its own user, cgroup and namespaces; run the grader as root on Linux). Pass "
+            "--trusted only for work you trust: then submissions run as you, unconfined")
+    if reason is None:
+        sweep_stale()  # sandboxes left by a grader that was killed
+    hide = (str(folder), *map(str, hide))
     results = []
     for path in sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
         try:
             result = grade_notebook(path, time_limit=time_limit, output_cap=output_cap,
-                                    chapters=chapters)
+                                    chapters=chapters, trusted=trusted, hide=hide)
         except Exception as err:  # noqa: BLE001 - the batch goes on
             result = Result(str(path), None, error=f"{type(err).__name__}: {err}")
         results.append(result)

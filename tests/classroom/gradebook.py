@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import html
+import os
 from pathlib import Path
 
 from tests.classroom.grade import Result
@@ -34,8 +35,11 @@ def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
                              possible, f"{100 * r.score / possible:.1f}" if possible else "",
                              r.error or ""])
     rows = []
-    for r in results:
-        head = f"{html.escape(Path(r.file).name)} — {html.escape(r.chapter or 'unknown chapter')}"
+    files = [str(Path(r.file).resolve()) for r in results]
+    base = os.path.commonpath([os.path.dirname(f) for f in files]) if files else ""
+    for r, full in zip(results, files):
+        shown = os.path.relpath(full, base) if base else Path(r.file).name
+        head = f"{html.escape(shown)} — {html.escape(r.chapter or 'unknown chapter')}"
         rows.append(f"<h2>{head}: {r.score} / {len(r.exercises)}</h2>")
         if r.error:
             rows.append(f"<p class='error'>Not graded: {html.escape(r.error)}</p>")

@@ -232,3 +232,122 @@ def test_the_shared_network_warning_comes_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_shared_network("refused")  # the second time: silent
+
+
+# --- issue 49: where the kernel refuses a namespace, no store on the shared loopback ----------
+
+_REFUSING = """
+from course_lib.launcher import _private_net
+
+
+def _refused():
+    raise _private_net.Refused(1, "unshare: Operation not permitted (simulated by the test)")
+
+
+_private_net.enter = _refused
+"""
+
+LISTER = r'''
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+out = {}
+for port in json.loads(sys.argv[1]):
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=2), use_libuv=False)
+        out[port] = store.list_keys()
+    except Exception as exc:
+        out[port] = f"{type(exc).__name__}"
+print(json.dumps(out))
+'''
+
+
+def _list_as_another_user(ports: list[int]) -> tuple[dict, str]:
+    """Run LISTER as a second real user: a fresh uid (the grader's sandbox, on the host's
+    network) where one can be made, else ``nobody`` or the same user (``_as_another_user``)."""
+    from tests.classroom.sandbox import FIRST_UID, Sandbox, why_not
+    if why_not() is None:
+        uid = FIRST_UID + 999_000 + os.getpid() % 1000
+        with Sandbox(uid, network=False) as box:
+            done = box.run([sys.executable, "-c", LISTER, json.dumps(ports)],
+                           env={"PATH": os.environ.get("PATH", ""),
+                                "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                           stdin=b"", timeout=60, output_cap=1 << 20)
+        lines = done["output"].decode().splitlines()
+        return (json.loads(lines[-1]) if done["code"] == 0 and lines else {}), f"uid {uid}"
+    prefix, who = _as_another_user()
+    done = subprocess.run([*prefix, sys.executable, "-c", LISTER, json.dumps(ports)],
+                          capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": os.environ.get("PATH", ""), "HOME": "/"})
+    return (json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {}), who
+
+
+def _refusing_env(tmp_path) -> dict:
+    """Every Python process of the job (the reaper first) finds the kernel refusing."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_REFUSING)
+    return {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_where_namespaces_are_refused_torchrun_refuses_before_the_job_starts(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.delenv(tr.ALLOW_SHARED_LOOPBACK, raising=False)
+    script, folder = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(JOB)
+    folder.mkdir()
+    with pytest.raises(tr.SharedLoopbackError, match=r"simulated by the test.*list_keys\(\) "
+                                                     r"names every key.*runs code as you.*"
+                                                     r"allow_shared_loopback=True"):
+        torchrun(str(script), 2, [str(folder)], quiet=True, timeout=60,
+                 env=_refusing_env(tmp_path))
+    assert not list(folder.iterdir()), "a rank ran although the job was refused"
+    assert not psutil.Process().children(recursive=True)
+
+
+def test_the_opt_in_runs_on_the_shared_loopback_where_another_user_lists_the_keys(
+        tmp_path, monkeypatch):
+    """What the warning and the docs say is true: with ``allow_shared_loopback=True`` and no
+    namespace, another user (a fresh uid as root) connects and lists the rendezvous key."""
+    monkeypatch.setattr(tr, "_WARNED", [])
+    monkeypatch.delenv(tr.ALLOW_SHARED_LOOPBACK, raising=False)
+    script, folder = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(JOB)
+    folder.mkdir()
+    os.chmod(tmp_path, 0o755)
+    outcome = {}
+
+    def job():
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outcome["result"] = torchrun(str(script), 2, [str(folder)], quiet=True,
+                                             timeout=120, env=_refusing_env(tmp_path),
+                                             allow_shared_loopback=True)
+            outcome["warnings"] = [str(w.message) for w in caught]
+        except BaseException as exc:  # noqa: BLE001 — reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    try:
+        end = time.monotonic() + 90
+        while not all((folder / f"ready{r}").exists() for r in range(2)) \
+                and time.monotonic() < end and thread.is_alive():
+            time.sleep(0.05)
+        assert all((folder / f"ready{r}").exists() for r in range(2)), outcome
+        agent = next(p for p in psutil.Process().children(recursive=True)
+                     if p.cmdline()[1:3] == ["-m", "course_lib.launcher._loopback_torchrun"])
+        assert os.readlink(f"/proc/{agent.pid}/ns/net") == os.readlink("/proc/self/ns/net")
+        ports = _listening_ports(agent.pid)
+        listed, who = _list_as_another_user(ports)
+    finally:
+        (folder / "go").touch()
+        thread.join(120)
+    if os.environ.get("COURSE_REQUIRE_SANDBOX") == "1":  # CI, as root: a second real user
+        assert who.startswith("uid "), who
+    assert "result" in outcome, outcome.get("error")
+    assert any("list_keys() names every key" in w for w in outcome["warnings"]), outcome
+    keys = [k for v in listed.values() if isinstance(v, list) for k in v]
+    assert any(k.startswith("torch.rendezvous.course_lib_") for k in keys), (who, listed)
