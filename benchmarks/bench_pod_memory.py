@@ -51,8 +51,9 @@ INVITED = {
 }
 
 
-def tree_pss(root_pids: list[int]) -> int:
-    """PSS in bytes of these processes and all their descendants (gone ones count 0)."""
+def tree_pss(root_pids: list[int], roles: dict | None = None) -> int:
+    """PSS in bytes of these processes and all their descendants (gone ones count 0); with
+    ``roles``, also add each process's PSS under its role (:func:`role_of`)."""
     total, seen = 0, set()
     for pid in root_pids:
         try:
@@ -65,32 +66,78 @@ def tree_pss(root_pids: list[int]) -> int:
                 continue
             seen.add(proc.pid)
             try:
-                total += proc.memory_full_info().pss
+                pss = proc.memory_full_info().pss
             except psutil.Error:
-                pass
+                continue
+            total += pss
+            if roles is not None:
+                role = role_of(proc, root_pids)
+                roles[role] = roles.get(role, 0) + pss
     return total
 
 
+ROLES = ("kernel", "warm server", "ranks", "torchrun", "torchrun workers", "other")
+
+
+def role_of(proc: psutil.Process, kernels: list[int]) -> str:
+    """What a process in a kernel's tree is: the kernel, the warm rank server, a forked rank,
+    torchrun (its reaper and agent), a torchrun worker, or something else."""
+    def cmd(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
+    if proc.pid in kernels:
+        return "kernel"
+    line = cmd(proc)
+    if "_warm import serve" in line:
+        return "warm server"
+    if "_reaper" in line or "_loopback_torchrun" in line or "torch.distributed.run" in line:
+        return "torchrun"
+    try:
+        parents = proc.parents()
+    except psutil.Error:
+        parents = []
+    for parent in parents:
+        line = cmd(parent)
+        if "_warm import serve" in line or "_fork_here" in line:
+            return "ranks"
+        if "_loopback_torchrun" in line or "torch.distributed.run" in line:
+            return "torchrun workers"
+    return "other"
+
+
 class Sampler:
-    """Peak of :func:`tree_pss` over a block, sampled every ``interval`` seconds."""
+    """Peak of :func:`tree_pss` over a block, sampled every ``interval`` seconds; ``roles`` is
+    the peak sample's split by role and ``cell`` the index of the cell that ran then."""
 
     def __init__(self, roots: list[int], interval: float = 0.02):
         self.roots, self.interval, self.peak, self._stop = roots, interval, 0, threading.Event()
+        self.roles: dict[str, int] = {}
+        self.cell, self.current = None, None
 
     def __enter__(self) -> "Sampler":
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        roles: dict[str, int] = {}
+        cell = self.current
+        total = tree_pss(self.roots, roles)
+        if total > self.peak:
+            self.peak, self.roles, self.cell = total, roles, cell
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_pss(self.roots))
+            self._sample()
             self._stop.wait(self.interval)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_pss(self.roots))
+        self._sample()
 
 
 def idle_server_pss() -> int:
@@ -110,17 +157,28 @@ def idle_server_pss() -> int:
         proc.wait(timeout=30)
 
 
-def run_chapter(path: str, km: KernelManager, sampler_roots: list[int]) -> int:
+def run_chapter(path: str, km: KernelManager, sampler_roots: list[int]) -> "Sampler":
     """Execute every cell of ``path`` (and its invited widget settings) in ``km``'s kernel."""
     nb = nbformat.read(path, as_version=4)
     chapter = os.path.basename(path)[:2]
     if chapter in INVITED:
         nb.cells.append(nbformat.v4.new_code_cell(INVITED[chapter]))
-    client = NotebookClient(nb, km=km, timeout=600, allow_errors=False,
+    sampler = Sampler(sampler_roots)
+
+    def started(cell, cell_index, **_):
+        sampler.current = cell_index
+
+    client = NotebookClient(nb, km=km, timeout=600, allow_errors=False, on_cell_start=started,
                             resources={"metadata": {"path": os.path.dirname(path)}})
-    with Sampler(sampler_roots) as sampler:
+    with sampler:
         client.execute()
-    return sampler.peak
+    return sampler
+
+
+def breakdown(sampler: "Sampler") -> str:
+    """The peak sample split by role, e.g. ``kernel 0.31, warm server 0.22, ranks 0.18``."""
+    parts = [f"{role} {sampler.roles[role] / GIB:.2f}" for role in ROLES if sampler.roles.get(role)]
+    return f"cell {sampler.cell}: " + ", ".join(parts)
 
 
 def start_kernel(idle: float | None) -> KernelManager:
@@ -144,6 +202,8 @@ def main() -> None:
     parser.add_argument("--wait-idle", action="store_true",
                         help="after each chapter wait the idle limit + 10 s and measure the "
                              "helper processes left")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print the peak split by process role, and its cell")
     args = parser.parse_args()
     paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
     if args.chapters:
@@ -160,7 +220,8 @@ def main() -> None:
             kernel_pid = km.provisioner.process.pid
             roots = [k.provisioner.process.pid for k in open_kernels] if args.sequence \
                 else [kernel_pid]
-            peak = run_chapter(path, km, roots)
+            sampler = run_chapter(path, km, roots)
+            peak = sampler.peak
             left = ""
             if args.wait_idle:
                 limit = args.idle if args.idle is not None else float(
@@ -170,6 +231,8 @@ def main() -> None:
                 left = f"{tree_pss([p.pid for p in helpers]) / GIB:.2f} GiB"
             print(f"{os.path.basename(path):<36}{peak / GIB:>12.2f} GiB{(peak + server) / GIB:>7.2f}"
                   f" GiB{left:>13}", flush=True)
+            if args.breakdown:
+                print(f"    at the peak, {breakdown(sampler)} GiB", flush=True)
             if not args.sequence:
                 km.shutdown_kernel(now=True)
                 open_kernels.remove(km)

@@ -30,7 +30,7 @@ from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
 from course_lib.launcher._warm import WarmServer, preimports_of
 
-__all__ = ["run", "RankError", "RunReport", "warm_up"]
+__all__ = ["run", "RankError", "RunReport", "warm_up", "server_paused"]
 
 
 def idle_seconds() -> float:
@@ -121,6 +121,17 @@ class _ServerCache:
                 self._server = None
             server.close()
 
+    def end(self) -> bool:
+        """End the server now, unless none runs, a run holds it, or it was forked from this
+        process; True if one was ended."""
+        with self._lock:
+            server = self._server
+            if server is None or not server.alive() or not self._may_idle or self._busy:
+                return False
+            self._server = None
+        server.close()
+        return True
+
     def mark_forked(self, server: WarmServer) -> None:
         """Adopt a server forked from this process: it is never ended for idleness."""
         with self._lock:
@@ -135,6 +146,27 @@ def serve_from_here() -> None:
     fresh interpreter: for a child that imported torch itself. Call it while no thread runs."""
     from course_lib.launcher._fork_here import fork_server
     _SERVERS.mark_forked(fork_server())
+
+
+@contextmanager
+def server_paused():
+    """End this process's warm server for the length of the block; start it again, in the
+    background, after the block if one was running.
+
+    :func:`course_lib.torchrun` runs inside it: torchrun's agent and workers are fresh
+    interpreters that import torch themselves, and while they run an idle server (torch loaded,
+    about a quarter GiB) only adds to the chapter's peak (issue 50). The next ``run`` then finds
+    the server started again, or waits for what is left of its start.
+    """
+    ended = _SERVERS.end()
+    try:
+        yield
+    finally:
+        if ended:
+            try:
+                _SERVERS.get(wait=False)
+            except OSError:  # no process could be started now: the next run tries again
+                pass
 
 
 def warm_up(wait: bool = True) -> None:

@@ -59,3 +59,32 @@ def test_a_bad_idle_setting_is_named(monkeypatch):
     monkeypatch.setenv("COURSE_HELPER_IDLE_SECONDS", "two minutes")
     with pytest.raises(ValueError, match="COURSE_HELPER_IDLE_SECONDS must be a number"):
         launch.idle_seconds()
+
+
+def test_torchrun_ends_the_idle_server_while_it_runs_and_starts_it_again_after(monkeypatch, cache):
+    """torchrun's own processes import torch anew: the idle rank server beside them is only
+    weight on the chapter's peak (issue 50), so it is ended for the job and started again."""
+    from course_lib.launcher import torchrun as torchrun_module
+
+    assert run(dist.get_rank, 2) == [0, 1]
+    first = cache._server
+    seen = {}
+
+    def job(*args, **kwargs):  # instead of the real torchrun: what the job sees around it
+        seen["server"] = cache._server
+        seen["first gone"] = wait_gone([first.proc.pid], timeout=30) == []
+        return "done"
+
+    monkeypatch.setattr(torchrun_module, "_torchrun", job)
+    assert torchrun_module.torchrun(__file__, 2) == "done"
+    assert seen == {"server": None, "first gone": True}, "the server ran beside torchrun"
+    assert cache._server is not None and cache._server is not first  # started again, in the
+    assert run(dist.get_rank, 2) == [0, 1]                              # background; it serves
+
+
+def test_a_server_in_use_or_never_started_is_not_paused(cache):
+    with launch.server_paused():  # none running: nothing ended, none started after
+        pass
+    assert cache._server is None
+    with cache.using() as server:
+        assert cache.end() is False and server.alive()  # a run holds it
