@@ -14,7 +14,10 @@ JupyterLab server, measured once at the start. ``--sequence`` leaves each kernel
 reports the peak over all of them while the last chapter runs (a learner who never shuts a
 chapter down). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``,
 120) is the warm server's idle limit; after each chapter the table shows what its kernel's
-helper processes hold once that limit has passed, if ``--wait-idle`` is given.
+helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
+splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
+the cell that ran then. ``--restart-wait N`` only times the first ``run`` after an idle end, N
+times (min and median, with the load), beside the fresh server's CPU seconds.
 """
 from __future__ import annotations
 
@@ -90,21 +93,24 @@ def role_of(proc: psutil.Process, kernels: list[int]) -> str:
 
     if proc.pid in kernels:
         return "kernel"
+    try:
+        parents = proc.parents()
+    except psutil.Error:
+        parents = []
+    for parent in parents:  # a forked rank has its server's command line: look above it first
+        if parent.pid in kernels:
+            break
+        line = cmd(parent)
+        if "_warm import serve" in line:
+            return "ranks"
+        if "_reaper" not in line and ("_loopback_torchrun" in line
+                                      or "torch.distributed.run" in line):
+            return "torchrun workers"  # below the agent (the reaper's line names it too)
     line = cmd(proc)
     if "_warm import serve" in line:
         return "warm server"
     if "_reaper" in line or "_loopback_torchrun" in line or "torch.distributed.run" in line:
         return "torchrun"
-    try:
-        parents = proc.parents()
-    except psutil.Error:
-        parents = []
-    for parent in parents:
-        line = cmd(parent)
-        if "_warm import serve" in line or "_fork_here" in line:
-            return "ranks"
-        if "_loopback_torchrun" in line or "torch.distributed.run" in line:
-            return "torchrun workers"
     return "other"
 
 
@@ -192,6 +198,35 @@ def start_kernel(idle: float | None) -> KernelManager:
     return km
 
 
+def restart_wait(repeats: int) -> None:
+    """Time the first ``run`` after the idle limit ended the server, ``repeats`` times, in this
+    process (torch imported first, as in a chapter's kernel), and the CPU seconds the fresh
+    server spent before it was ready: on an otherwise idle core the wait is about that."""
+    os.environ["COURSE_HELPER_IDLE_SECONDS"] = "1"
+    import torch.distributed as dist
+
+    from course_lib.launcher import launch
+    launch.run(dist.get_rank, 2)
+    waits, cpus = [], []
+    for _ in range(repeats):
+        deadline = time.monotonic() + 120
+        while launch._SERVERS._server is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        load = os.getloadavg()[0]
+        start = time.monotonic()
+        launch.run(dist.get_rank, 2)
+        waits.append(time.monotonic() - start)
+        proc = psutil.Process(launch._SERVERS._server.proc.pid)
+        cpu = proc.cpu_times()
+        cpus.append(cpu.user + cpu.system)
+        print(f"  first run after an idle end: {waits[-1]:.2f} s (the fresh server had used "
+              f"{cpus[-1]:.2f} s of CPU; load {load:.1f})", flush=True)
+    waits.sort(), cpus.sort()
+    print(f"first run after an idle end, {repeats} times: min {waits[0]:.2f} s, median "
+          f"{waits[len(waits) // 2]:.2f} s; the server's CPU seconds: min {cpus[0]:.2f}, median "
+          f"{cpus[len(cpus) // 2]:.2f}; {os.cpu_count()} CPUs", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
@@ -202,9 +237,14 @@ def main() -> None:
     parser.add_argument("--wait-idle", action="store_true",
                         help="after each chapter wait the idle limit + 10 s and measure the "
                              "helper processes left")
+    parser.add_argument("--restart-wait", type=int, metavar="N", default=0,
+                        help="only time the first run after an idle end, N times, and stop")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print the peak split by process role, and its cell")
     args = parser.parse_args()
+    if args.restart_wait:
+        restart_wait(args.restart_wait)
+        return
     paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
     if args.chapters:
         paths = [p for p in paths if os.path.basename(p)[:2] in args.chapters]
