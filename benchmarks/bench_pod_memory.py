@@ -12,7 +12,7 @@ process below it â€” the warm rank server, the ranks, torchrun and its workers â
 enough for a sub-second 8-rank run; the peak is printed beside the same peak plus an idle
 JupyterLab server, measured once at the start. ``--sequence`` leaves each kernel open and
 reports the peak over all of them while the last chapter runs (a learner who never shuts a
-chapter down). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``,
+chapter down); ``--gap SECONDS`` waits that long before each next chapter (a learner reading). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``,
 120) is the warm server's idle limit; after each chapter the table shows what its kernel's
 helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
 splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
@@ -232,6 +232,10 @@ def main() -> None:
     parser.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
     parser.add_argument("--sequence", action="store_true",
                         help="leave each kernel open; peak over all while the last one runs")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="with --sequence: seconds between one chapter's end and the next "
+                             "one's start (a learner reading on; past the idle limit the open "
+                             "chapters' helpers have ended)")
     parser.add_argument("--idle", type=float, default=None,
                         help="the warm server's idle limit in seconds (default: the launcher's)")
     parser.add_argument("--wait-idle", action="store_true",
@@ -254,7 +258,9 @@ def main() -> None:
     print(f"{'chapter':<36}{'kernel+children':>16}{'+ server':>10}{'idle helper':>13}")
     open_kernels: list[KernelManager] = []
     try:
-        for path in paths:
+        for number, path in enumerate(paths):
+            if args.sequence and number:
+                time.sleep(args.gap)
             km = start_kernel(args.idle)
             open_kernels.append(km)
             kernel_pid = km.provisioner.process.pid
