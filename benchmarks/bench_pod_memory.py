@@ -16,7 +16,8 @@ chapter down); ``--gap SECONDS`` waits that long before each next chapter (a lea
 120) is the warm server's idle limit; after each chapter the table shows what its kernel's
 helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
 splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
-the cell that ran then. ``--restart-wait N`` only times the first ``run`` after an idle end, N
+the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends the idle rank server
+for its job, as the launcher's default does under a pod's memory limit). ``--restart-wait N`` only times the first ``run`` after an idle end, N
 times (min and median, with the load), beside the fresh server's CPU seconds.
 """
 from __future__ import annotations
@@ -192,6 +193,7 @@ def start_kernel(idle: float | None) -> KernelManager:
     km = KernelManager(kernel_name="python3", transport="ipc",
                        ip=os.path.join(tempfile.mkdtemp(prefix="bench-kernel-"), "kernel"))
     env = dict(os.environ)
+    env.setdefault("COURSE_PAUSE_SERVER", "1")  # what "auto" does in a learner's pod (<= 4 GiB)
     if idle is not None:
         env["COURSE_HELPER_IDLE_SECONDS"] = str(idle)
     km.start_kernel(cwd=os.path.join(ROOT, "notebooks"), env=env)

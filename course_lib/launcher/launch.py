@@ -148,17 +148,58 @@ def serve_from_here() -> None:
     _SERVERS.mark_forked(fork_server())
 
 
+_SMALL_POD = 4 * 1024 ** 3  # a memory limit at or under this is a learner's pod (Binder: 1-2 GB)
+
+
+def memory_limit() -> int | None:
+    """The memory limit on this process in bytes: the smallest ``memory.max`` of its cgroup v2
+    and the groups above it, or its cgroup v1 ``memory.limit_in_bytes``; None when there is none."""
+    limits = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            groups = dict(line.rstrip("\n").split(":", 2)[1:] for line in f if line.count(":") >= 2)
+    except OSError:
+        return None
+    for controller, root, name in (("", "/sys/fs/cgroup", "memory.max"),
+                                   ("memory", "/sys/fs/cgroup/memory", "memory.limit_in_bytes")):
+        path = groups.get(controller)
+        while path is not None:
+            try:
+                with open(os.path.join(root, path.lstrip("/"), name)) as f:
+                    limits.append(int(f.read()))
+            except (OSError, ValueError):  # absent, or "max" (no limit)
+                pass
+            path = None if path in ("/", "") else os.path.dirname(path)
+    limits = [limit for limit in limits if limit < 2 ** 60]  # v1 writes "no limit" as ~2**63
+    return min(limits) if limits else None
+
+
+def pauses_for_torchrun() -> bool:
+    """Whether :func:`server_paused` ends the server: ``COURSE_PAUSE_SERVER`` ``1`` always,
+    ``0`` never, ``auto`` (default) where this process's memory limit is 4 GiB or less (a
+    learner's pod: there memory runs out; elsewhere the restart after the job, about 3 s of CPU,
+    would only slow the next ``run``)."""
+    raw = os.environ.get("COURSE_PAUSE_SERVER", "auto")
+    if raw not in ("0", "1", "auto"):
+        raise ValueError(f"COURSE_PAUSE_SERVER must be 0, 1 or auto, got {raw!r}")
+    if raw != "auto":
+        return raw == "1"
+    limit = memory_limit()
+    return limit is not None and limit <= _SMALL_POD
+
+
 @contextmanager
 def server_paused():
-    """End this process's warm server for the length of the block; start it again, in the
-    background, after the block if one was running.
+    """End this process's warm server for the length of the block (where
+    :func:`pauses_for_torchrun`); start it again, in the background, after the block if one was
+    running.
 
     :func:`course_lib.torchrun` runs inside it: torchrun's agent and workers are fresh
     interpreters that import torch themselves, and while they run an idle server (torch loaded,
     about a quarter GiB) only adds to the chapter's peak (issue 50). The next ``run`` then finds
     the server started again, or waits for what is left of its start.
     """
-    ended = _SERVERS.end()
+    ended = pauses_for_torchrun() and _SERVERS.end()
     try:
         yield
     finally:
