@@ -16,9 +16,10 @@ chapter down); ``--gap SECONDS`` waits that long before each next chapter (a lea
 120) is the warm server's idle limit; after each chapter the table shows what its kernel's
 helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
 splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
-the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends the idle rank server
-for its job, as the launcher's default does under a pod's memory limit). ``--restart-wait N`` only times the first ``run`` after an idle end, N
-times (min and median, with the load), beside the fresh server's CPU seconds.
+the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends
+the idle rank server for its job, as the launcher's default does under a pod's memory limit).
+``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
+with the load), beside the fresh server's CPU seconds.
 """
 from __future__ import annotations
 
