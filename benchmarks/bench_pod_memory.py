@@ -12,8 +12,9 @@ process below it â€” the warm rank server, the ranks, torchrun and its workers â
 enough for a sub-second 8-rank run; the peak is printed beside the same peak plus an idle
 JupyterLab server, measured once at the start. ``--sequence`` leaves each kernel open and
 reports the peak over all of them while the last chapter runs (a learner who never shuts a
-chapter down); ``--gap SECONDS`` waits that long before each next chapter (a learner reading). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``,
-120) is the warm server's idle limit; after each chapter the table shows what its kernel's
+chapter down); ``--gap SECONDS`` waits that long before each next chapter (a learner
+reading). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``, 120) is
+the warm server's idle limit; after each chapter the table shows what its kernel's
 helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
 splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
 the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends
