@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from course_lib.launcher import launch
+from course_lib.launcher import _server_cache, launch
 from course_lib.launcher.launch import run
 from processes import wait_gone
 
@@ -95,17 +95,17 @@ def test_a_server_in_use_or_never_started_is_not_paused(monkeypatch, cache):
 def test_the_server_is_paused_for_torchrun_only_in_a_small_pod_unless_told(monkeypatch):
     monkeypatch.delenv("COURSE_PAUSE_SERVER", raising=False)
     for limit, paused in ((1 << 30, True), (2 << 30, True), (16 << 30, False), (None, False)):
-        monkeypatch.setattr(launch, "memory_limit", lambda: limit)
-        assert launch.pauses_for_torchrun() is paused, limit
-    monkeypatch.setattr(launch, "memory_limit", lambda: 1 << 30)
+        monkeypatch.setattr(_server_cache, "memory_limit", lambda: limit)
+        assert _server_cache.pauses_for_torchrun() is paused, limit
+    monkeypatch.setattr(_server_cache, "memory_limit", lambda: 1 << 30)
     monkeypatch.setenv("COURSE_PAUSE_SERVER", "0")
-    assert launch.pauses_for_torchrun() is False
-    monkeypatch.setattr(launch, "memory_limit", lambda: None)
+    assert _server_cache.pauses_for_torchrun() is False
+    monkeypatch.setattr(_server_cache, "memory_limit", lambda: None)
     monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")
-    assert launch.pauses_for_torchrun() is True
+    assert _server_cache.pauses_for_torchrun() is True
     monkeypatch.setenv("COURSE_PAUSE_SERVER", "yes")
     with pytest.raises(ValueError, match="COURSE_PAUSE_SERVER must be 0, 1 or auto"):
-        launch.pauses_for_torchrun()
+        _server_cache.pauses_for_torchrun()
 
 
 def test_the_memory_limit_is_a_positive_number_of_bytes_or_none():
