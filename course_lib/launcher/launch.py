@@ -16,7 +16,6 @@ import os
 import selectors
 import shutil
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,104 +26,13 @@ import cloudpickle
 from course_lib.launcher import _diagnose, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
 from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes, pump, wait_exit
-from course_lib.launcher._run_guard import holding_interrupts, make_run_dir, sweep_stale_run_dirs
+from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
+from course_lib.launcher._server_cache import ServerCache as _ServerCache
+from course_lib.launcher._server_cache import idle_seconds, memory_limit  # noqa: F401 (their home)
+from course_lib.launcher._server_cache import pauses_for_torchrun
 from course_lib.launcher._warm import WarmServer, preimports_of
 
-__all__ = ["run", "RankError", "RunReport", "warm_up"]
-
-
-def idle_seconds() -> float:
-    """How long the warm server may sit unused before it ends and gives its memory back.
-
-    ``COURSE_HELPER_IDLE_SECONDS`` (default 120): a chapter left open for two minutes then holds
-    only its kernel, not a second process with torch loaded (about half a GiB). The next ``run``
-    starts a fresh server and waits for it (the wait: ``benchmarks/bench_launch.py``). ``0``
-    or a negative value: never end it.
-    """
-    raw = os.environ.get("COURSE_HELPER_IDLE_SECONDS", "120")
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"COURSE_HELPER_IDLE_SECONDS must be a number of seconds, got {raw!r}") \
-            from None
-
-
-class _ServerCache:
-    """The one warm server of this process, started on first use (restarted if it died).
-
-    A watcher thread ends the server once no ``run`` has used it for :func:`idle_seconds`; it
-    takes the same lock as :meth:`get`, and a run in flight holds it busy (:meth:`using`), so a
-    server is never ended under a run that is about to fork from it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._server: WarmServer | None = None
-        self._swept = False
-        self._busy = 0
-        self._last_used = time.monotonic()
-        self._may_idle = True  # False for a server forked from this process (serve_from_here)
-        self._watcher: threading.Thread | None = None
-
-    def get(self, wait: bool = True) -> WarmServer:
-        """The server, started if needed; ready to fork unless ``wait=False``."""
-        with self._lock:
-            if self._server is None or not self._server.alive():
-                if not self._swept:  # once per kernel: folders of killed kernels go
-                    sweep_stale_run_dirs()
-                    self._swept = True
-                self._server = WarmServer.start(wait=False)
-                self._may_idle = True
-                self._last_used = time.monotonic()
-                self._watch()
-            self._last_used = time.monotonic()  # asking for it counts as using it
-            server = self._server
-        if wait:
-            server.wait_ready()
-        return server
-
-    @contextmanager
-    def using(self):
-        """The server, held busy (the idle watcher leaves it alone) until the block ends."""
-        with self._lock:
-            self._busy += 1
-        try:
-            yield self.get()
-        finally:
-            with self._lock:
-                self._busy -= 1
-                self._last_used = time.monotonic()
-
-    def _watch(self) -> None:
-        """Start the idle watcher once (called with the lock held)."""
-        if idle_seconds() <= 0 or (self._watcher is not None and self._watcher.is_alive()):
-            return
-        self._watcher = threading.Thread(target=self._end_when_idle, name="course-idle-server",
-                                         daemon=True)
-        self._watcher.start()
-
-    def _end_when_idle(self) -> None:
-        owner = os.getpid()
-        while True:
-            limit = idle_seconds()
-            if limit <= 0:
-                return
-            time.sleep(min(5.0, max(limit / 4, 0.05)))
-            if os.getpid() != owner:  # a fork of this process: not its server
-                return
-            with self._lock:
-                server = self._server
-                if server is None or not server.alive() or not self._may_idle:
-                    continue
-                if self._busy or time.monotonic() - self._last_used < limit:
-                    continue
-                self._server = None
-            server.close()
-
-    def mark_forked(self, server: WarmServer) -> None:
-        """Adopt a server forked from this process: it is never ended for idleness."""
-        with self._lock:
-            self._server, self._may_idle = server, False
+__all__ = ["run", "RankError", "RunReport", "warm_up", "server_paused"]
 
 
 _SERVERS = _ServerCache()  # per-process cache of a process handle, not course state
@@ -135,6 +43,28 @@ def serve_from_here() -> None:
     fresh interpreter: for a child that imported torch itself. Call it while no thread runs."""
     from course_lib.launcher._fork_here import fork_server
     _SERVERS.mark_forked(fork_server())
+
+
+@contextmanager
+def server_paused():
+    """End this process's warm server for the length of the block (where
+    :func:`pauses_for_torchrun`); start it again, in the background, after the block if one was
+    running.
+
+    :func:`course_lib.torchrun` runs inside it: torchrun's agent and workers are fresh
+    interpreters that import torch themselves, and while they run an idle server (torch loaded,
+    about a quarter GiB) only adds to the chapter's peak (issue 50). The next ``run`` then finds
+    the server started again, or waits for what is left of its start.
+    """
+    ended = pauses_for_torchrun() and _SERVERS.end()
+    try:
+        yield
+    finally:
+        if ended:
+            try:
+                _SERVERS.get(wait=False)
+            except OSError:  # no process could be started now: the next run tries again
+                pass
 
 
 def warm_up(wait: bool = True) -> None:

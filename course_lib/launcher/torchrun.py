@@ -135,10 +135,12 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
                         f"{allow_shared_loopback!r}")
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
     # the job gets a private temp folder, removed afterwards (with what the workers left there)
+    from course_lib.launcher.launch import server_paused  # no idle rank server beside torchrun
     tmp = tempfile.mkdtemp(prefix="course_lib_torchrun_")
     try:
-        return _torchrun(target, nprocs, args, max_restarts, timeout, module,
-                         {**(env or {}), "TMPDIR": tmp}, quiet, allow_shared_loopback)
+        with server_paused():
+            return _torchrun(target, nprocs, args, max_restarts, timeout, module,
+                             {**(env or {}), "TMPDIR": tmp}, quiet, allow_shared_loopback)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from course_lib.launcher import launch
+from course_lib.launcher import _server_cache, launch
 from course_lib.launcher.launch import run
 from processes import wait_gone
 
@@ -59,3 +59,55 @@ def test_a_bad_idle_setting_is_named(monkeypatch):
     monkeypatch.setenv("COURSE_HELPER_IDLE_SECONDS", "two minutes")
     with pytest.raises(ValueError, match="COURSE_HELPER_IDLE_SECONDS must be a number"):
         launch.idle_seconds()
+
+
+def test_torchrun_ends_the_idle_server_while_it_runs_and_starts_it_again_after(monkeypatch, cache):
+    """torchrun's own processes import torch anew: the idle rank server beside them is only
+    weight on the chapter's peak (issue 50), so it is ended for the job and started again."""
+    from course_lib.launcher import torchrun as torchrun_module
+
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")  # as in a learner's pod (auto: a small limit)
+    assert run(dist.get_rank, 2) == [0, 1]
+    first = cache._server
+    seen = {}
+
+    def job(*args, **kwargs):  # instead of the real torchrun: what the job sees around it
+        seen["server"] = cache._server
+        seen["first gone"] = wait_gone([first.proc.pid], timeout=30) == []
+        return "done"
+
+    monkeypatch.setattr(torchrun_module, "_torchrun", job)
+    assert torchrun_module.torchrun(__file__, 2) == "done"
+    assert seen == {"server": None, "first gone": True}, "the server ran beside torchrun"
+    assert cache._server is not None and cache._server is not first  # started again, in the
+    assert run(dist.get_rank, 2) == [0, 1]                              # background; it serves
+
+
+def test_a_server_in_use_or_never_started_is_not_paused(monkeypatch, cache):
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")
+    with launch.server_paused():  # none running: nothing ended, none started after
+        pass
+    assert cache._server is None
+    with cache.using() as server:
+        assert cache.end() is False and server.alive()  # a run holds it
+
+
+def test_the_server_is_paused_for_torchrun_only_in_a_small_pod_unless_told(monkeypatch):
+    monkeypatch.delenv("COURSE_PAUSE_SERVER", raising=False)
+    for limit, paused in ((1 << 30, True), (2 << 30, True), (16 << 30, False), (None, False)):
+        monkeypatch.setattr(_server_cache, "memory_limit", lambda: limit)
+        assert _server_cache.pauses_for_torchrun() is paused, limit
+    monkeypatch.setattr(_server_cache, "memory_limit", lambda: 1 << 30)
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "0")
+    assert _server_cache.pauses_for_torchrun() is False
+    monkeypatch.setattr(_server_cache, "memory_limit", lambda: None)
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")
+    assert _server_cache.pauses_for_torchrun() is True
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "yes")
+    with pytest.raises(ValueError, match="COURSE_PAUSE_SERVER must be 0, 1 or auto"):
+        _server_cache.pauses_for_torchrun()
+
+
+def test_the_memory_limit_is_a_positive_number_of_bytes_or_none():
+    limit = launch.memory_limit()
+    assert limit is None or 0 < limit < 2 ** 60
