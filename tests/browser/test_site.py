@@ -200,7 +200,7 @@ def test_copied_flags_keep_their_hyphens_and_wide_blocks_fit_the_column(base, br
     of being cut off; at this width most code and output blocks fit the text column."""
     page, _ = _open(browser_page, base, "notebooks/03_sharding_zero_fsdp.html")
     text = page.locator("article").inner_text()
-    assert "--use-megatron-fsdp" in text and "\u2013use-megatron-fsdp" not in text
+    assert "--use-distributed-optimizer" in text and "\u2013use-distributed-optimizer" not in text
     cut = page.locator("article table").evaluate_all(
         "els => els.filter(e => e.scrollWidth > e.clientWidth + 1"
         " && getComputedStyle(e).overflowX === 'visible').length")
