@@ -145,6 +145,17 @@ def _run_id(pid: int) -> str:
     return env.get(b"PET_RDZV_ID", b"none").decode()
 
 
+def _agent_once_ranks_are_ready(folder, thread, outcome):
+    """Wait (90 s at most) until both ranks of the job wrote ``ready<r>``; the torchrun agent."""
+    end = time.monotonic() + 90
+    while not all((folder / f"ready{r}").exists() for r in range(2)) \
+            and time.monotonic() < end and thread.is_alive():
+        time.sleep(0.05)
+    assert all((folder / f"ready{r}").exists() for r in range(2)), outcome
+    return next(p for p in psutil.Process().children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "course_lib.launcher._loopback_torchrun"])
+
+
 def test_another_user_cannot_inject_a_pickle_into_the_rendezvous(tmp_path, monkeypatch):
     monkeypatch.setattr(tr, "_WARNED", [], raising=False)
     script, marker = tmp_path / "job.py", tmp_path / "marker"
@@ -166,13 +177,7 @@ def test_another_user_cannot_inject_a_pickle_into_the_rendezvous(tmp_path, monke
     thread = threading.Thread(target=job)
     thread.start()
     try:
-        end = time.monotonic() + 90
-        while not all((folder / f"ready{r}").exists() for r in range(2)) \
-                and time.monotonic() < end and thread.is_alive():
-            time.sleep(0.05)
-        assert all((folder / f"ready{r}").exists() for r in range(2)), outcome
-        agent = next(p for p in psutil.Process().children(recursive=True)
-                     if p.cmdline()[1:3] == ["-m", "course_lib.launcher._loopback_torchrun"])
+        agent = _agent_once_ranks_are_ready(folder, thread, outcome)
         ports = _listening_ports(agent.pid)
         assert ports, "the agent hosts no store: nothing to attack, the test would prove nothing"
         private = os.readlink(f"/proc/{agent.pid}/ns/net") != os.readlink("/proc/self/ns/net")
@@ -335,13 +340,7 @@ def test_the_opt_in_runs_on_the_shared_loopback_where_another_user_lists_the_key
     thread = threading.Thread(target=job)
     thread.start()
     try:
-        end = time.monotonic() + 90
-        while not all((folder / f"ready{r}").exists() for r in range(2)) \
-                and time.monotonic() < end and thread.is_alive():
-            time.sleep(0.05)
-        assert all((folder / f"ready{r}").exists() for r in range(2)), outcome
-        agent = next(p for p in psutil.Process().children(recursive=True)
-                     if p.cmdline()[1:3] == ["-m", "course_lib.launcher._loopback_torchrun"])
+        agent = _agent_once_ranks_are_ready(folder, thread, outcome)
         assert os.readlink(f"/proc/{agent.pid}/ns/net") == os.readlink("/proc/self/ns/net")
         ports = _listening_ports(agent.pid)
         listed, who = _list_as_another_user(ports)
