@@ -1,7 +1,7 @@
 """Module docstrings say what and why in a few lines (docs/architecture.md): at most 12 here.
 
-Lab notes (what was measured, version quirks, history) go to docs/decisions.md under the module's
-path (issue 32 trimmed the last long ones; no module is exempt).
+Lab notes (what was measured, version quirks, history) go to docs/modules/<folder>.md under the
+module's path (issue 32 trimmed the last long ones; no module is exempt).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_module_docstring_is_a_few_lines(module):
     n = docstring_lines(module)
     assert n <= MAX_LINES, (f"course_lib/{module}'s docstring has {n} lines (at most "
                             f"{MAX_LINES}): keep what and why, move measurements and "
-                            "history to docs/decisions.md under the module's path")
+                            "history to docs/modules/<folder>.md under the module's path")
 
 
 def test_every_module_has_a_docstring():
