@@ -172,7 +172,7 @@ def _exists(token: str) -> bool:
         return True
     if "/" in token:
         return False
-    return any(REPO.glob(f"course_lib/**/{token}")) or any(REPO.glob(f"tests/**/{token}"))
+    return any(any(REPO.glob(f"{top}/**/{token}")) for top in ("course_lib", "tests", "docs"))
 
 
 def test_every_file_the_page_names_exists():
