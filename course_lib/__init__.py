@@ -22,7 +22,7 @@ for _module, _names in {
     "launcher.launch": ["run", "RankError", "warm_up"],
     "launcher.torchrun": ["torchrun", "torchrun_command", "cluster_command", "init_distributed",
                           "TorchrunError"],
-    "launcher.devices": ["usable_cores"],
+    "common.machine": ["usable_cores"],
     "exercises": ["Feedback", "check_choice", "check_close", "check_number", "check_true"],
     # 01 training memory
     "common.models": ["GPT", "GPTConfig", "MLP", "PRESETS", "param_count"],
