@@ -157,7 +157,7 @@ def benchmark_collectives(collectives: Sequence[str] = COLLECTIVES,
     validate_request(collectives, sizes, world)
     if iters is not None and (not is_int(iters) or iters < 1):
         raise ValueError(f"iters must be a positive integer or None, got {iters!r}")
-    backend = devices.plan(world).backend
+    backend = devices.place(world).backend
     per_rank = run(_bench_rank, world, collectives, sizes, iters, warmup, timeout=timeout)
     return [CollectiveResult(name, world, nbytes, seconds, n, backend)
             for name, nbytes, seconds, n in per_rank[0]]

@@ -143,7 +143,7 @@ def _both_modes(steps, local_batch, seq_len, lr, seed, preset, sync=None, broadc
 
 
 def _validate(world: int, steps: int, local_batch: int, seq_len: int, preset: str) -> None:
-    devices.plan(world)
+    devices.place(world)
     for name, value in (("steps", steps), ("local_batch", local_batch), ("seq_len", seq_len)):
         positive_int(value, f"{name}")
     if seq_len > get_config(preset).seq_len:

@@ -48,7 +48,7 @@ def validate_fits(model_or_config: object, batch, strategies: Sequence[str], npr
                                                                     precision))
     per_rank = max(states, 4 * sum(zero._numel(shape) for shape in shapes)) + \
         _flow_bytes(config, tuple(batch), precision)
-    placement = devices.plan(nprocs)
+    placement = devices.place(nprocs)
     if placement.device == "cuda":
         ranks_per_gpu = -(-nprocs // devices.gpu_count())
         needed, free = ranks_per_gpu * per_rank, min(
@@ -93,7 +93,7 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
         return measure_fake(model_or_config, batch, nprocs=nprocs, ranks=ranks, **kwargs)
     if ranks is not None:
         raise ValueError("ranks= only applies to fake=True: a real run measures every rank")
-    devices.plan(nprocs)  # bad world sizes fail here, with the launcher's message
+    devices.place(nprocs)  # bad world sizes fail here, with the launcher's message
     validate_fits(model_or_config, batch, [strategy], nprocs, optimizer, precision)
     return run(measure_rank, nprocs, model_or_config, batch, timeout=timeout, **kwargs)
 
@@ -116,7 +116,7 @@ def compare_strategies(model_or_config: nn.Module | GPTConfig | str, batch, *,
         raise ValueError("strategies must name at least one strategy")
     for strategy in strategies:
         validate_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
-    devices.plan(nprocs)
+    devices.place(nprocs)
     validate_fits(model_or_config, batch, strategies, nprocs, optimizer, precision)
     per_rank = run(_measure_each, nprocs, model_or_config, batch, strategies, timeout=timeout,
                    optimizer=optimizer, precision=precision, iterations=iterations, seed=seed)
