@@ -15,18 +15,19 @@ import psutil
 import torch
 from torch import nn
 
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.memory.report import MemoryReport, format_bytes
-from course_lib.memory.tracker import _flow_bytes
+from course_lib.memory.tracker import flow_bytes
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
 from course_lib.sharding.rank_measure import validate_request, make_inputs, measure_rank
 from course_lib.sharding.strategies import STRATEGIES
 
 __all__ = ["measure_distributed", "compare_strategies", "memory_vs_world", "measure_rank",
-           "validate_request", "make_inputs", "validate_fits", "check_fits"]
+           "validate_request", "make_inputs", "validate_fits"]
 
 
 def validate_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs: int,
@@ -47,7 +48,7 @@ def validate_fits(model_or_config: object, batch, strategies: Sequence[str], npr
                  for s in strategies for row in zero.per_rank_bytes(shapes, s, nprocs, optimizer,
                                                                     precision))
     per_rank = max(states, 4 * sum(zero._numel(shape) for shape in shapes)) + \
-        _flow_bytes(config, tuple(batch), precision)
+        flow_bytes(config, tuple(batch), precision)
     placement = devices.place(nprocs)
     if placement.device == "cuda":
         ranks_per_gpu = -(-nprocs // devices.gpu_count())
@@ -63,7 +64,7 @@ def validate_fits(model_or_config: object, batch, strategies: Sequence[str], npr
                           "tensors without allocating, or a smaller model, batch or strategy")
 
 
-check_fits = validate_fits  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_fits": "validate_fits"})  # before issue 32
 
 
 def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
