@@ -131,3 +131,16 @@ def test_the_public_api_list_is_what_the_notebooks_use():
     for name in course_lib.__all__:
         assert getattr(course_lib, name) is not None
 
+
+def test_the_clean_exit_instruments_left_the_launcher_and_their_old_names_warn(monkeypatch):
+    from course_lib.launcher import exit_codes
+    for name in ("fsdp_step", "ddp_step"):
+        with pytest.warns(DeprecationWarning, match=rf"{name} is deprecated: use {name} of "
+                                                    "benchmarks/bench_clean_exit.py"):
+            assert getattr(exit_codes, name).__module__ == "bench_clean_exit"
+
+    def fake_run(fn, nprocs, *args, report, **kwargs):
+        report.exit_statuses = [0] * nprocs
+    monkeypatch.setattr(exit_codes, "run", fake_run)
+    with pytest.warns(DeprecationWarning, match=r"exit_statuses is deprecated: use run\("):
+        assert exit_codes.exit_statuses(print, 3) == [0, 0, 0]
