@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.communication.alphabeta import fit_alpha_beta
-from course_lib.communication.benchmark import _bench_rank
+from course_lib.communication.benchmark import bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.measure import _quiet
@@ -229,7 +229,7 @@ def machine_constants(device: str = "cpu") -> dict:
     chapter 05 fits to all-reduces of ``LINK_SIZES`` among all ranks (``None`` alone)."""
     out = {"matmul_peak": matmul_peak(device=device), "link": None}
     if dist.is_initialized() and dist.get_world_size() > 1:
-        rows = _bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
+        rows = bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
         fit = fit_alpha_beta([(dist.get_world_size(), n, t) for _, n, t, _ in rows])
         out["link"] = (fit.alpha, fit.beta)
     return out
