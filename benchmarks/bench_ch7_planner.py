@@ -11,7 +11,8 @@ import sys
 import time
 
 from course_lib.common.models import get_config
-from course_lib.finetuning.planner import ADAPTER_METHODS, FULL_STRATEGIES, measure_method, plan
+from course_lib.finetuning.planner import (ADAPTER_METHODS, FULL_STRATEGIES, measure_method,
+                                          plan_finetuning)
 
 
 def main(preset: str = "gpt-7b", methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS) -> None:
@@ -19,7 +20,7 @@ def main(preset: str = "gpt-7b", methods: tuple[str, ...] = FULL_STRATEGIES + AD
     for method in methods:
         gpus = 8 if method in FULL_STRATEGIES else 1
         start = time.perf_counter()
-        probed = plan(config, n_gpus=8, seq_len=config.seq_len, depth="probe",
+        probed = plan_finetuning(config, n_gpus=8, seq_len=config.seq_len, depth="probe",
                       methods=(method,)).row(method).bytes
         t_probe = time.perf_counter() - start
         start = time.perf_counter()

@@ -53,15 +53,15 @@ def _cases() -> dict[str, Callable[[], list[float]]]:
         return _timed(interval_widget)
 
     def planner():
-        from course_lib.finetuning.planner import plan
+        from course_lib.finetuning.planner import plan_finetuning
         from course_lib.finetuning.show import planner_widget
         cache: dict = {}
-        plan("gpt-7b", gpu_memory_gb=80, n_gpus=8, seq_len=2048, cache=cache)  # the cell above
+        plan_finetuning("gpt-7b", gpu_memory_gb=80, n_gpus=8, seq_len=2048, cache=cache)  # the cell above
         default = _timed(lambda: planner_widget(model="gpt-7b", gpu_memory_gb=80, n_gpus=8,
                                                 seq_len=2048, cache=cache))
-        memory_only = _timed(lambda: plan("gpt-7b", gpu_memory_gb=40, n_gpus=8, seq_len=2048,
+        memory_only = _timed(lambda: plan_finetuning("gpt-7b", gpu_memory_gb=40, n_gpus=8, seq_len=2048,
                                           cache=cache), 1)
-        new_gpus = _timed(lambda: plan("gpt-7b", gpu_memory_gb=80, n_gpus=4, seq_len=2048,
+        new_gpus = _timed(lambda: plan_finetuning("gpt-7b", gpu_memory_gb=80, n_gpus=4, seq_len=2048,
                                        cache=cache), 1)
         print(f"    planner: new GPU memory {memory_only[0]:.2f} s, new GPU count (fake runs) "
               f"{new_gpus[0]:.1f} s")

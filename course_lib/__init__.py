@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from course_lib.common.deprecation import warn_renamed
+
 # public name -> module that defines it, grouped by the chapter that teaches it
 _EXPORTS: dict[str, str] = {}
 for _module, _names in {
@@ -22,7 +24,7 @@ for _module, _names in {
     "launcher.launch": ["run", "RankError", "warm_up"],
     "launcher.torchrun": ["torchrun", "torchrun_command", "cluster_command", "init_distributed",
                           "TorchrunError"],
-    "launcher.devices": ["usable_cores"],
+    "common.machine": ["usable_cores"],
     "exercises": ["Feedback", "check_choice", "check_close", "check_number", "check_true"],
     # 01 training memory
     "common.models": ["GPT", "GPTConfig", "MLP", "PRESETS", "param_count"],
@@ -36,7 +38,7 @@ for _module, _names in {
     "data_parallel.overlap": ["measure_overlap"],
     # 03 sharding
     "sharding.measure": ["measure_distributed", "compare_strategies"],
-    "sharding.strategies": ["STRATEGIES", "wrap", "train_step", "train_rank", "train_rank_sharded"],
+    "sharding.strategies": ["STRATEGIES", "train_step", "train_rank_sharded"],
     "sharding.comm_counter": ["CommCounter"],
     "sharding.zero_by_hand": ["ShardedOptimizer"],
     "sharding.fsdp_by_hand": ["FSDPByHand", "fsdp_full_state_dict"],
@@ -64,7 +66,7 @@ for _module, _names in {
     # 07 before you distribute
     "finetuning.lora": ["LoRALinear", "add_lora", "lora_param_count"],
     "finetuning.quantize": ["QuantLinear", "quantize", "quantize_model"],
-    "finetuning.planner": ["plan"],
+    "finetuning.planner": ["plan_finetuning"],
     # 08 DeepSpeed
     "deepspeed.engine": ["deepspeed_config", "run_zero_stages"],
     "deepspeed.load": ["deepspeed_status"],
@@ -91,11 +93,20 @@ del _module, _names, _name
 _MODULES = {"devices": "launcher.devices", "progress": "launcher.progress",
             "zero": "sharding.formulas"}
 
+# old public names -> their new ones (issue 51): still served, with a DeprecationWarning; a
+# dotted one left the list (no notebook uses it) and is imported from its module
+_RENAMED = {"plan": "plan_finetuning", "train_rank": "train_rank_sharded",
+            "wrap": "sharding.strategies.wrap"}
+
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str) -> Any:
     """Import the defining module of a public name on first use (PEP 562)."""
+    if name in _RENAMED:
+        home, _, new = f"{__name__}.{_RENAMED[name]}".rpartition(".")
+        warn_renamed(f"course_lib.{name}", f"{home}.{new}")
+        return getattr(importlib.import_module(home), new)  # not cached: each use warns
     if name in _MODULES:
         value = importlib.import_module(f"course_lib.{_MODULES[name]}")
     elif name in _EXPORTS:
@@ -113,5 +124,5 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext course_lib``: the ``%%torchrun NPROC NAME.py`` cell magic
     (:mod:`course_lib.launcher.script_magic`)."""
-    from course_lib.launcher import script_magic
+    from course_lib.launcher import script_magic  # IPython's: only a notebook loads it
     script_magic.load_ipython_extension(ipython)

@@ -1,15 +1,16 @@
-"""Figure style shared by every chapter's figures, and source shown side by side.
+"""Figure style shared by every chapter's figures, source shown side by side, text with a fold.
 
 Figures are small (7×3.5 in at 80 dpi) so that stored notebook outputs stay light. No matplotlib
 here: the ``show`` modules import it; this module only holds the numbers they agree on.
 """
 from __future__ import annotations
 
+import html
 from typing import Mapping
 
 __all__ = ["FIGSIZE", "DPI", "PALETTE", "OKABE_ITO", "COLORS", "RANK_COLORS", "SUM_COLOR", "GREY",
            "PALE", "FONT_MIN", "MIN_PT", "STYLE", "WIDGET_STYLE", "ink", "side_by_side",
-           "show_source"]
+           "show_source", "Folded"]
 
 FIGSIZE = (7.0, 3.5)
 DPI = 80
@@ -51,7 +52,6 @@ def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")
 
     IPython is imported on call: only notebooks call this, and scripts should not pay for it.
     """
-    import html
     import inspect
 
     from IPython.display import HTML
@@ -69,7 +69,6 @@ def show_source(*objects: object, open: bool = False):
     A notebook shows what a tool does on demand without a screen of code in the way; ``open=True``
     for the one place where the code is the point (a whole script). IPython is imported on call.
     """
-    import html
     import inspect
 
     from IPython.display import HTML
@@ -84,3 +83,20 @@ def show_source(*objects: object, open: bool = False):
                      f" ({html.escape(where)}, {len(lines)} lines)</summary>"
                      f"<pre style='font-size:0.85em'>{html.escape(''.join(lines))}</pre></details>")
     return HTML("".join(parts))
+
+
+class Folded:
+    """``text``, then ``raw`` under the heading ``label``: below it as text, folded in HTML."""
+
+    def __init__(self, text: str, raw: str = "", label: str = "raw output") -> None:
+        self.text, self.raw, self.label = text.rstrip(), raw.rstrip(), label
+
+    def __repr__(self) -> str:
+        return self.text + (f"\n--- {self.label} ---\n{self.raw}" if self.raw else "")
+
+    def _repr_html_(self) -> str:
+        head = f'<pre style="white-space: pre-wrap">{html.escape(self.text)}</pre>'
+        if not self.raw:
+            return head
+        return (f"{head}<details><summary>{html.escape(self.label)}</summary>"
+                f'<pre style="white-space: pre-wrap">{html.escape(self.raw)}</pre></details>')

@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from course_lib.display import Folded
+
 __all__ = ["Feedback", "check_number", "check_close", "check_choice", "check_true", "TODO"]
 
 #: Put this (or ``...``) where the learner has to write an answer; checks treat it as "not yet".
@@ -53,7 +55,6 @@ class Feedback:
         return f"[{self.name}] {mark}: {message}"
 
     def _folded(self):
-        from course_lib.launcher._rank_error import Folded
         return Folded(self._line(), self.details, "raw output of the rank that died")
 
     def __repr__(self) -> str:

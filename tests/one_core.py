@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from course_lib.launcher.devices import _own_cgroups   # the parser usable_cores() reads
+from course_lib.common.machine import own_cgroups   # the parser usable_cores() reads
 
 ENV = "COURSE_NOTEBOOK_CORES"
 ROOT = Path("/sys/fs/cgroup")
@@ -31,12 +31,12 @@ def _make_group(name: str) -> tuple[Path, Path] | None:
     v2, v1 = ROOT / "cgroup.controllers", ROOT / "cpu"
     try:
         if v2.is_file() and "cpu" in v2.read_text().split():
-            own_path = _own_cgroups("/proc/self/cgroup").get("", "/")
+            own_path = own_cgroups("/proc/self/cgroup").get("", "/")
             group, own = ROOT / name, ROOT / own_path.lstrip("/")
             group.mkdir()
             (group / "cpu.max").write_text("100000 100000")
         elif (v1 / "cpu.cfs_quota_us").is_file():
-            own_path = _own_cgroups("/proc/self/cgroup").get("cpu", "/")
+            own_path = own_cgroups("/proc/self/cgroup").get("cpu", "/")
             group, own = v1 / name, v1 / own_path.lstrip("/")
             group.mkdir()
             (group / "cpu.cfs_period_us").write_text("100000")

@@ -1,14 +1,14 @@
 """The capstone's training loop, inside one rank: any layout of chapter 09, real data, eval,
 checkpoints that resume (and reshard), faults on purpose, the peak of one step.
 
-:func:`train_rank` runs unchanged inside :func:`course_lib.run` (``train_gpt``, the notebook's
+:func:`train_rank_capstone` runs unchanged inside :func:`course_lib.run` (``train_gpt``, the notebook's
 face) and in ``course_lib/scripts/train_gpt.py`` under torchrun. The model comes from chapter
 09's builders (``build_2d``: DDP, FSDP2, TP, FSDP2 × TP; ``build_pp``: two stages), the data
 order from :class:`~course_lib.capstone.data.DataOrder`, checkpoints from chapter 06's protocol
 (DCP shards, a commit marker last; data position and loss history in the manifest). The loss
 per step is the global batch's mean (one all-reduce): every layout reports one process's number.
 :func:`peak_step`: chapter 01's tracker (CPU) or ``max_memory_allocated`` (GPU) on the second
-step; :func:`pick_device`: CUDA + NCCL where torch sees a GPU, CPU + gloo otherwise.
+step. The device and backend are :func:`course_lib.launcher.devices.place`'s choice.
 """
 from __future__ import annotations
 
@@ -23,42 +23,34 @@ from torch.distributed.fsdp import FSDPModule
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.communication.alphabeta import fit_alpha_beta
-from course_lib.communication.benchmark import _bench_rank
+from course_lib.communication.benchmark import bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.measure import _quiet
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
+from course_lib.common.deprecation import renamed, warn_renamed
 from course_lib.launcher import progress
+from course_lib.launcher.devices import place
 from course_lib.memory.report import categorize
 from course_lib.memory.tracker import GlobalMemTracker
 
-__all__ = ["build", "train_rank", "matmul_peak", "machine_constants", "rank_entry",
-           "pick_device", "peak_step", "DEVICE_CHOICES", "VAL_SEQUENCES", "LINK_SIZES"]
+__all__ = ["build", "train_rank_capstone", "matmul_peak", "machine_constants", "rank_entry",
+           "peak_step", "VAL_SEQUENCES", "LINK_SIZES"]
 
 VAL_SEQUENCES = 8  # the fixed validation batch: the first 8 windows of the validation split
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def pick_device(requested: str = "auto", cuda_available: bool | None = None,
                 pipeline: bool = False) -> tuple[str, str]:
-    """``(device, backend)``: ``"auto"`` is ``("cuda", "nccl")`` where torch sees a GPU, else
-    ``("cpu", "gloo")`` (a ``pipeline`` layout: always, its stages send CPU tensors); ``"cuda"``
-    without a GPU, or for a pipeline, is a ``ValueError`` (before any process group)."""
-    if requested not in DEVICE_CHOICES:
-        raise ValueError(f"unknown device {requested!r}; choose one of {DEVICE_CHOICES}")
-    if cuda_available is None:
-        cuda_available = torch.cuda.is_available()
-    if requested == "cuda" and not cuda_available:
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA GPU here "
-                         "(torch.cuda.is_available() is False); use --device cpu or auto")
-    if requested == "cuda" and pipeline:
-        raise ValueError("pipeline layouts run on the CPU here; use --device cpu or auto")
-    if pipeline:
-        return "cpu", "gloo"
-    device = "cuda" if requested == "cuda" or (requested == "auto" and cuda_available) else "cpu"
-    return device, "nccl" if device == "cuda" else "gloo"
+    """Deprecated (issue 51): ``(device, backend)`` of :func:`course_lib.launcher.devices.place`
+    for this node's ranks (``LOCAL_WORLD_SIZE``, default 1)."""
+    warn_renamed("course_lib.capstone.train.pick_device", "course_lib.launcher.devices.place")
+    gpus = None if cuda_available is None else int(cuda_available)
+    p = place(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), None, requested, pipeline=pipeline,
+              gpus=gpus)
+    return p.device, p.backend
 
 
 def build(config: GPTConfig, layout: dict[str, int], seed: int, device: str = "cpu") -> dict:
@@ -138,11 +130,12 @@ def _check_meta(layout: dict[str, int], steps: int):
     return check
 
 
-def train_rank(config: GPTConfig, layout: dict[str, int], steps: int, *, batch_size: int,
-               lr: float, seed: int = 0, eval_every: int = 0, ckpt_dir: str | None = None,
-               every: int = 0, keep: int | None = 2, faults: tuple[Fault, ...] = (),
-               attempt: int | None = None, threads: int = 1, return_params: bool = True,
-               device: str = "cpu") -> dict:
+def train_rank_capstone(config: GPTConfig, layout: dict[str, int], steps: int, *,
+                        batch_size: int, lr: float, seed: int = 0, eval_every: int = 0,
+                        ckpt_dir: str | None = None, every: int = 0, keep: int | None = 2,
+                        faults: tuple[Fault, ...] = (), attempt: int | None = None,
+                        threads: int = 1, return_params: bool = True,
+                        device: str = "cpu") -> dict:
     """Train ``steps`` Adam steps of ``batch_size`` sequences per data-parallel rank.
 
     Resumes from the newest checkpoint in ``ckpt_dir`` that loads (any data-parallel layout
@@ -236,7 +229,7 @@ def machine_constants(device: str = "cpu") -> dict:
     chapter 05 fits to all-reduces of ``LINK_SIZES`` among all ranks (``None`` alone)."""
     out = {"matmul_peak": matmul_peak(device=device), "link": None}
     if dist.is_initialized() and dist.get_world_size() > 1:
-        rows = _bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
+        rows = bench_rank(["all_reduce"], list(LINK_SIZES), None, 1)
         fit = fit_alpha_beta([(dist.get_world_size(), n, t) for _, n, t, _ in rows])
         out["link"] = (fit.alpha, fit.beta)
     return out
@@ -246,4 +239,9 @@ def rank_entry(config, layout, steps, kwargs) -> dict:
     """What ``train_gpt`` ships to each rank: this machine's constants (before the first step,
     for the step-time prediction and MFU), then training."""
     constants = machine_constants(kwargs.get("device", "cpu"))
-    return {**train_rank(config, layout, steps, **kwargs), **constants}
+    return {**train_rank_capstone(config, layout, steps, **kwargs), **constants}
+
+
+# names before issue 51 (``train_rank`` named three loops; the device choice is the launcher's)
+__getattr__ = renamed(__name__, {"train_rank": "train_rank_capstone",
+                                 "DEVICE_CHOICES": "course_lib.launcher.devices.DEVICE_CHOICES"})

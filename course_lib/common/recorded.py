@@ -16,12 +16,17 @@ import platform
 from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["SPEED_PATH", "machine_meta", "save_record", "load_record", "live_or_recorded"]
+from course_lib.common import machine
+from course_lib.common.deprecation import renamed
+
+__all__ = ["SPEED_PATH", "cpu_model", "machine_meta", "save_record", "load_record",
+           "live_or_recorded"]
 
 SPEED_PATH = Path(__file__).resolve().parents[2] / "data" / "speed_lessons.json"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what :mod:`platform` knows)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -45,10 +50,9 @@ def _priority() -> int:
 
 def machine_meta(command: str) -> dict:
     """Where and when a record was made, and the command that makes it again."""
-    import torch
+    import torch  # here: a record is made by benchmarks, not on the way to every import
 
-    from course_lib.launcher.devices import usable_cores
-    return {"cpu": _cpu_model(), "cores": usable_cores(), "torch": torch.__version__,
+    return {"cpu": cpu_model(), "cores": machine.usable_cores(), "torch": torch.__version__,
             "python": platform.python_version(), "kernel": platform.release(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "load_1min": round(os.getloadavg()[0], 1), "nice": _priority(), "command": command}
@@ -88,8 +92,7 @@ def live_or_recorded(name: str, measure: Callable, fields: Iterable[str], needs_
                      unavailable: tuple[type[BaseException], ...] = ()):
     """``(value, source)``: ``measure()`` here when this process may use ``needs_cores`` cores
     and ``measure`` does not raise one of ``unavailable``; else the stored record, with why."""
-    from course_lib.launcher.devices import usable_cores
-    cores = usable_cores()
+    cores = machine.usable_cores()
     if cores < needs_cores:
         why = (f"this experiment needs {needs_cores} usable cores (one per rank); this process "
                f"may use {cores} (affinity mask and cgroup CPU quota)")
@@ -100,3 +103,6 @@ def live_or_recorded(name: str, measure: Callable, fields: Iterable[str], needs_
             why = str(exc)
     value, label = load_record(name, fields)
     return value, f"{why}.\n{label}"
+
+
+__getattr__ = renamed(__name__, {"_cpu_model": "cpu_model"})  # the name link_sweep_record imports

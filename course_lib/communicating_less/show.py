@@ -6,6 +6,7 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
+from course_lib.communicating_less.measure import compare_local_sgd
 from course_lib.display import DPI, FIGSIZE, PALETTE, WIDGET_STYLE
 from course_lib.common.plots import legible
 
@@ -58,8 +59,6 @@ def local_sgd_widget():
     """A slider over H: each value trains DiLoCo on 2 real ranks (48 inner steps) and prints
     the bytes each rank sent per inner step and the held-out loss."""
     import ipywidgets as widgets
-
-    from course_lib.communicating_less.measure import compare_local_sgd
 
     def show(H: int = 4) -> None:
         print(format_local_sgd(compare_local_sgd((H,), steps=48)))

@@ -24,7 +24,8 @@ from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
 __all__ = ["COLLECTIVES", "MORE_COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
-           "memcopy_bandwidth", "format_table", "size_label", "power_sizes", "validate_request"]
+           "bench_rank", "memcopy_bandwidth", "format_table", "size_label", "power_sizes",
+           "validate_request"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 MORE_COLLECTIVES = ("reduce", "all_to_all")
@@ -104,8 +105,8 @@ def _iters_for(size: int) -> int:
     return max(2, min(20, 2**26 // max(size, 1)))
 
 
-def _bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | None,
-                warmup: int) -> list[tuple[str, int, float, int]]:
+def bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | None,
+               warmup: int) -> list[tuple[str, int, float, int]]:
     """Executed on every rank: time each (collective, size); return (name, bytes, s, iters)."""
     world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
@@ -157,8 +158,8 @@ def benchmark_collectives(collectives: Sequence[str] = COLLECTIVES,
     validate_request(collectives, sizes, world)
     if iters is not None and (not is_int(iters) or iters < 1):
         raise ValueError(f"iters must be a positive integer or None, got {iters!r}")
-    backend = devices.plan(world).backend
-    per_rank = run(_bench_rank, world, collectives, sizes, iters, warmup, timeout=timeout)
+    backend = devices.place(world).backend
+    per_rank = run(bench_rank, world, collectives, sizes, iters, warmup, timeout=timeout)
     return [CollectiveResult(name, world, nbytes, seconds, n, backend)
             for name, nbytes, seconds, n in per_rank[0]]
 

@@ -142,10 +142,10 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
     if steps < 1 or batch_per_rank < 1 or global_batch < 1:
         raise ValueError("steps, global_batch and batch_per_rank must be >= 1")
     for world in worlds:
-        devices.plan(world, threads=threads)  # bad requests fail here, before anything starts
+        devices.place(world, threads=threads)  # bad requests fail here, before anything starts
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
-        need = world * devices.plan(world, threads=threads).threads
+        need = world * devices.place(world, threads=threads).threads
         if pin and need > devices.usable_cores():
             raise ValueError(f"pin=True gives every rank its own cores: {world} ranks need "
                              f"{need} cores, this process may use {devices.usable_cores()} "
@@ -163,7 +163,7 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
             speedup, efficiency = (ratio, ratio / world) if mode == "strong" \
                 else (ratio * world, ratio)
             batch = global_batch // world if mode == "strong" else batch_per_rank
-            rows.append(ScalingRow(mode, world, devices.plan(world, threads=threads).threads,
+            rows.append(ScalingRow(mode, world, devices.place(world, threads=threads).threads,
                                    batch, step_s,
                                    compute_s, allreduce_s if world > 1 else 0.0, speedup,
                                    efficiency, compute_cpu_s, pin, reducer))

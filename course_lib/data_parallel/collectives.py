@@ -121,7 +121,7 @@ def show_collectives(world: int = 4, names: tuple[str, ...] = DEMO_COLLECTIVES
     if not is_int(world) or world < 2:
         raise ValueError(f"world must be an integer >= 2 (a collective needs partners), "
                          f"got {world!r}")
-    devices.plan(world)  # too many ranks for this machine fails here, before any process starts
+    devices.place(world)  # too many ranks for this machine fails here, before any process starts
     per_rank = run(_rank_demo, world, list(names))
     return [CollectiveDemo(name, world, [r[name][0] for r in per_rank],
                            [r[name][1] for r in per_rank]) for name in names]

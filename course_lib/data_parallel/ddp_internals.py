@@ -131,7 +131,7 @@ def _dp_rank(preset: str, local_batch: int, seq_len: int, bucket_cap_mb: float |
 
 
 def _check(world: int, preset: str, local_batch: int, seq_len: int) -> None:
-    devices.plan(world)
+    devices.place(world)
     config = get_config(preset)
     for name, value in (("local_batch", local_batch), ("seq_len", seq_len)):
         positive_int(value, f"{name}")

@@ -18,12 +18,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPT, get_config
 from course_lib.data_parallel.by_hand import average_gradients, broadcast_parameters
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
-__all__ = ["TOLERANCE", "max_diff", "train_steps", "train_single", "train_rank_dp", "train_rank",
+__all__ = ["TOLERANCE", "max_diff", "train_steps", "train_single", "train_rank_dp",
            "DDPComparison", "compare_ddp"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -107,7 +108,7 @@ def train_rank_dp(mode: str, steps: int, local_batch: int, seq_len: int, lr: flo
     return _params(model), losses
 
 
-train_rank = train_rank_dp  # its name before issue 32 (scripts and old notebooks)
+__getattr__ = renamed(__name__, {"train_rank": "train_rank_dp"})  # before issue 32
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _both_modes(steps, local_batch, seq_len, lr, seed, preset, sync=None, broadc
 
 
 def _validate(world: int, steps: int, local_batch: int, seq_len: int, preset: str) -> None:
-    devices.plan(world)
+    devices.place(world)
     for name, value in (("steps", steps), ("local_batch", local_batch), ("seq_len", seq_len)):
         positive_int(value, f"{name}")
     if seq_len > get_config(preset).seq_len:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from course_lib.debugging.measure import CAUSES, drift_run
 from course_lib.display import DPI, FIGSIZE, PALETTE, WIDGET_STYLE
 from course_lib.common.plots import legible
 
@@ -42,8 +43,6 @@ def drift_widget():
     """A dropdown over the ways ranks drift apart: each choice runs 2 real ranks and prints what
     the divergence checker found after every step (:func:`format_drift`)."""
     import ipywidgets as widgets
-
-    from course_lib.debugging.measure import CAUSES, drift_run
 
     def show(cause: str = "buffer", steps: int = 2) -> None:
         print(format_drift(cause, drift_run(cause, steps=steps)))

@@ -30,8 +30,8 @@ __all__ = ["deepspeed_config", "deepspeed_status", "load_deepspeed", "train_rank
 
 def train_rank_deepspeed(*args: Any, **kwargs: Any) -> dict:
     """Inside a rank: :func:`course_lib.deepspeed.ranks.train_rank_deepspeed` (same arguments)."""
-    from course_lib.deepspeed.ranks import train_rank_deepspeed as train_rank_ds
-    return train_rank_ds(*args, **kwargs)
+    from course_lib.deepspeed.ranks import train_rank_deepspeed as ds_rank  # loads DeepSpeed
+    return ds_rank(*args, **kwargs)
 
 
 def run_deepspeed(stages: Sequence[int] = STAGES, config: GPTConfig | str = "tiny", *,

@@ -12,7 +12,7 @@ from typing import Callable
 
 from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig, get_config
-from course_lib.deepspeed.census import CATEGORIES, predict_deepspeed
+from course_lib.deepspeed.holdings import CATEGORIES, predict_deepspeed
 from course_lib.deepspeed.load import deepspeed_status
 from course_lib.launcher.launch import run
 from course_lib.sharding.formulas import param_shapes
@@ -118,7 +118,7 @@ def check_ds_config(make_config: Callable[[int], dict], world: int = 2) -> tuple
     """Run the learner's ``make_config(world)`` on ``world`` real ranks; compare with :data:`TASK`.
 
     The config goes through ``deepspeed.initialize`` in every rank (its errors are DeepSpeed's
-    own), trains the tiny GPT 2 optimizer steps, and :func:`course_lib.deepspeed.census.census`
+    own), trains the tiny GPT 2 optimizer steps, and :func:`course_lib.deepspeed.holdings.holdings`
     counts rank 0's bytes after the first micro-batch of the second step, after its last
     backward and after its step; they must equal :func:`predict_deepspeed` for ZeRO-2 in bf16
     at each moment (stage 1 holds the same bytes as stage 2 except while accumulating, hence

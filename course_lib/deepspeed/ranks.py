@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
-from course_lib.deepspeed.census import census
+from course_lib.deepspeed.holdings import holdings
 from course_lib.deepspeed.config import STAGES, deepspeed_config
 from course_lib.deepspeed.load import load_deepspeed
 from course_lib.deepspeed.loop import train_deepspeed
@@ -65,7 +65,7 @@ def train_rank_deepspeed(stages: Sequence[int] = STAGES, config: GPTConfig | str
     :func:`course_lib.deepspeed.loop.train_deepspeed`; chapter 08 passes its cell's copy) and
     ``make_config(stage)`` the config (default :func:`deepspeed_config` with ``batch[0]`` and
     ``lr``). Returns ``{stage: {"losses", "params", "after_backward", "after_step",
-    "optimizer"}}``, the memory entries being :func:`census` of the last step. With
+    "optimizer"}}``, the memory entries being :func:`holdings` of the last step. With
     ``reference``, ``"ddp"`` holds chapter 3's torch DDP (plain Adam) on the same data; with
     ``torch_memory``, ``"torch"`` holds chapter 3's measurement of torch's DDP,
     ZeroRedundancyOptimizer and FSDP2 on the same model and batch shape.
@@ -85,10 +85,10 @@ def train_rank_deepspeed(stages: Sequence[int] = STAGES, config: GPTConfig | str
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecation notes from DeepSpeed's collectives
             engine, losses = train(model, make_config(stage), _batches(config, batch, steps, seed),
-                                   lambda e: seen.append(census(e)))
+                                   lambda e: seen.append(holdings(e)))
             params = _full_params(engine, stage)
         out[stage] = {"losses": losses, "params": params, "after_backward": seen[-1],
-                      "after_step": census(engine), "optimizer": type(engine.optimizer).__name__,
+                      "after_step": holdings(engine), "optimizer": type(engine.optimizer).__name__,
                       "dtype": str(next(engine.module.parameters()).dtype)}
         engine.destroy()
         del engine, model
@@ -120,7 +120,7 @@ def config_census(ds_config: dict, config: GPTConfig | str = "tiny", micro_batch
                   seq_len: int = 32, seed: int = 0) -> dict:
     """Inside a rank: a learner's config through ``deepspeed.initialize`` and ``micro_batches``.
 
-    Returns the engine's batch settings, its weights' dtype, and :func:`census` after the
+    Returns the engine's batch settings, its weights' dtype, and :func:`holdings` after the
     backward of the second-to-last micro-batch (``"accumulate"``), the last one
     (``"backward"``) and its step (``"step"``) — or ``{"error": ...}`` when DeepSpeed refuses
     the config (the same on every rank: it fails before any collective).
@@ -147,8 +147,8 @@ def config_census(ds_config: dict, config: GPTConfig | str = "tiny", micro_batch
                                                        seed)):
             engine.backward(GPT.loss(engine(inputs), targets))
             if i >= micro_batches - 2:
-                out["accumulate" if i == micro_batches - 2 else "backward"] = census(engine)
+                out["accumulate" if i == micro_batches - 2 else "backward"] = holdings(engine)
             engine.step()
-    out["step"] = census(engine)
+    out["step"] = holdings(engine)
     engine.destroy()
     return out

@@ -1,7 +1,7 @@
 """Chapter 08's tables and widget for DeepSpeed ZeRO memory.
 
 Everything here *reads* results of :func:`course_lib.deepspeed.engine.run_zero_stages` (measured
-by :func:`course_lib.deepspeed.census.census`) and puts them next to the course's prediction,
+by :func:`course_lib.deepspeed.holdings.holdings`) and puts them next to the course's prediction,
 DeepSpeed's own estimators and torch's strategies measured by chapter 3's instrument.
 """
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Callable
 import torch
 
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
-from course_lib.deepspeed.census import (CATEGORIES, deepspeed_estimate, largest_layer,
-                                         predict_deepspeed)
+from course_lib.deepspeed.holdings import (CATEGORIES, deepspeed_estimate, largest_layer,
+                                           predict_deepspeed)
+from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
 from course_lib.memory.predict import bytes_per_param
 from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, param_shapes
 from course_lib.common.plots import legible
@@ -209,8 +210,6 @@ def deepspeed_widget(result: dict, measure: Callable[[int], dict] | None = None)
     """
     import ipywidgets as widgets
 
-    from course_lib.display import WIDGET_STYLE
-
     first = result["ranks"][0]["world_size"]
     cache = {first: result}
 
@@ -237,7 +236,6 @@ def plot_stage_holdings(result: dict, moment: str = "after_backward"):
     partitioned. matplotlib is imported on call (this module's tables are used without it)."""
     import matplotlib.pyplot as plt
 
-    from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE
     colours = {**COLORS, "master": PALETTE[4], "buckets": PALETTE[6], "other": GREY}
     ranks = result["ranks"]
     world = ranks[0]["world_size"]

@@ -21,15 +21,17 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner uses
 
+from course_lib.common.deprecation import renamed
 from course_lib.fault_tolerance.safe_files import (PinnedFolder, UnsafeCheckpointError,
                                                    validate_record, label, load_plain,
                                                    open_in_folder)
 
 from course_lib.fault_tolerance.metadata_check import (  # noqa: F401 - re-exported
-    ALLOWED, MetadataUnpickler, _past_end, check_metadata, read_metadata, validate_metadata)
+    ALLOWED, MetadataUnpickler, _past_end, read_metadata, validate_metadata)
 
 __all__ = ["UnsafeCheckpointError", "MetadataUnpickler", "SafeReader", "SafeLoadPlanner",
-           "ALLOWED", "read_metadata", "validate_metadata", "check_metadata"]
+           "ALLOWED", "read_metadata", "validate_metadata"]
+__getattr__ = renamed(__name__, {"check_metadata": "validate_metadata"})  # before issue 32
 
 
 class _FolderFS(FileSystem):

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    Metadata, MetadataIndex, StorageMeta,
                                                    TensorProperties, TensorStorageMetadata)
 
+from course_lib.common.deprecation import renamed
 from course_lib.fault_tolerance.safe_files import (PinnedFolder, UnsafeCheckpointError,
                                                    label,
                                                    open_in_folder, read_in_folder)
@@ -202,7 +203,7 @@ def validate_metadata(md: Any) -> Metadata:
     return md
 
 
-check_metadata = validate_metadata  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_metadata": "validate_metadata"})  # before issue 32
 
 
 def read_metadata(folder: str | os.PathLike | PinnedFolder,

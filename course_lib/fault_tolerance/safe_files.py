@@ -22,9 +22,11 @@ from typing import Any
 
 import torch
 
+from course_lib.common.deprecation import renamed
+
 __all__ = ["UnsafeCheckpointError", "label", "plain_name", "PinnedFolder", "open_in_folder",
            "read_in_folder",
-           "validate_record", "check_record", "load_plain"]
+           "validate_record", "load_plain"]
 
 _SAFE_TEXT = re.compile(r"[\w./:\-]{1,200}")
 
@@ -143,7 +145,7 @@ def validate_record(data: bytes, what: str, fname: str) -> None:
         raise UnsafeCheckpointError(f"{what}: a malformed torch.save record in {fname}")
 
 
-check_record = validate_record  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_record": "validate_record"})  # before issue 32
 
 
 class _PlainUnpickler(pickle.Unpickler):

@@ -1,10 +1,10 @@
 """The 7B decision: which way of fine-tuning fits on which GPUs, per GPU and per category.
 
 Chapter 7 asks: *given a model, a GPU size and count and a sequence length, do I need to
-distribute at all?* :func:`plan` lists full fine-tuning (fp32 master weights, bf16 autocast,
+distribute at all?* :func:`plan_finetuning` lists full fine-tuning (fp32 master weights, bf16 autocast,
 Adam) with DDP, ZeRO-1, ZeRO-2 and FSDP on ``n_gpus`` GPUs (chapter 3's fake path,
 :func:`course_lib.sharding.measure.measure_distributed`) and LoRA / QLoRA on **one** GPU
-(:func:`course_lib.finetuning.memory.measure_finetune`): bytes per GPU by category, fits or not,
+(:func:`course_lib.finetuning.footprint.measure_finetune`): bytes per GPU by category, fits or not,
 a rough cost (:data:`ASSUMPTIONS`). Every number is a fake-tensor measurement. ``depth="probe"``
 (the default above 4 layers) measures two small depths and extrapolates linearly to ``n_layer``
 (every block adds the same tensors; ZeRO-1's shares and FSDP's peak are the labelled
@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from course_lib.common.checks import positive_int
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPTConfig, get_config, param_count
 from course_lib.finetuning.probes import (ADAPTER_METHODS, FULL_STRATEGIES, Probe, measure_many,
                                          measure_method)
 from course_lib.launcher import devices, progress
 from course_lib.sharding.formulas import param_shapes, per_rank_bytes
 
-__all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "ASSUMPTIONS", "PlanRow", "Plan", "plan",
+__all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "ASSUMPTIONS", "PlanRow", "Plan", "plan_finetuning",
            "measure_method"]
 
 _LABELS = {"ddp": "full FT · DDP", "zero1": "full FT · ZeRO-1", "zero2": "full FT · ZeRO-2",
@@ -50,7 +51,7 @@ class PlanRow:
 
 @dataclass
 class Plan:
-    """The table :func:`plan` returns; prints as text. ``rows`` in display order."""
+    """The table :func:`plan_finetuning` returns; prints as text. ``rows`` in display order."""
 
     config: GPTConfig
     n_params: int
@@ -132,11 +133,12 @@ def _check(model, gpu_memory_gb, n_gpus, seq_len, micro_batch, r, tokens, depth)
     return config if seq_len <= config.seq_len else config.replace(seq_len=seq_len)
 
 
-def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus: int = 8,
-         seq_len: int = 2048, micro_batch: int = 1, r: int = 16, tokens: float = 100e6,
-         depth: str = "auto", methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS,
-         cache: dict | None = None, recompute: str = "none", processes: int | None = None,
-         **assumptions: float) -> Plan:
+def plan_finetuning(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80,
+                    n_gpus: int = 8, seq_len: int = 2048, micro_batch: int = 1, r: int = 16,
+                    tokens: float = 100e6, depth: str = "auto",
+                    methods: tuple[str, ...] = FULL_STRATEGIES + ADAPTER_METHODS,
+                    cache: dict | None = None, recompute: str = "none",
+                    processes: int | None = None, **assumptions: float) -> Plan:
     """Full fine-tuning (4 strategies on ``n_gpus``) vs LoRA / QLoRA (1 GPU): per-GPU bytes, fits, cost.
 
     ``model``: a :class:`GPTConfig` or preset name (a longer ``seq_len`` than the config's
@@ -194,3 +196,7 @@ def plan(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float = 80, n_gpus
         out.rows.append(PlanRow(method, gpus, per_gpu, per_gpu["peak"] <= usable, gpu_hours,
                                 gpu_hours * a["usd_per_gpu_hour"], source))
     return out
+
+
+# ``plan`` before issue 51 (the launcher's placement was ``plan`` too; it is ``place`` now)
+__getattr__ = renamed(__name__, {"plan": "plan_finetuning"})

@@ -1,10 +1,11 @@
 """The planner's fake-tensor runs: one method at one depth, and many of them on both cores.
 
 A fake run (chapter 3's fake process group, chapter 7's fake LoRA path) is pure Python work on
-one core: every operator only computes output shapes. :func:`course_lib.finetuning.planner.plan`
-needs a dozen of them for a 7B table (~1-2 s each on a 2-core laptop), independent of each other,
-so :func:`measure_many` splits them over ``processes`` ranks of :func:`course_lib.run` (each rank
-drops its gloo group: a fake run brings its own fake one). The numbers are the same as in one
+one core: every operator only computes output shapes.
+:func:`course_lib.finetuning.planner.plan_finetuning` needs a dozen of them for a 7B table (~1-2 s
+each on a 2-core laptop), independent of each other, so :func:`measure_many` splits them over
+``processes`` ranks of :func:`course_lib.run` (each rank drops its gloo group: a fake run brings
+its own fake one). The numbers are the same as in one
 process — fake runs are deterministic (``tests/finetuning/test_planner.py`` compares).
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from course_lib.common.models import GPTConfig
-from course_lib.finetuning.memory import measure_finetune
+from course_lib.finetuning.footprint import measure_finetune
+from course_lib.launcher.launch import run
 from course_lib.sharding.measure import measure_distributed
 
 __all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "Probe", "measure_method", "measure_many"]
@@ -77,7 +79,6 @@ def measure_many(probes: Sequence[Probe], processes: int = 1) -> dict[Probe, dic
     if processes < 2 or len(todo) < 2:
         with _gc_paused():
             return {probe: measure_method(*probe) for probe in todo}
-    from course_lib.launcher.launch import run
 
     processes = min(processes, len(todo))
     shares: list[list[Probe]] = [[] for _ in range(processes)]

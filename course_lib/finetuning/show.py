@@ -2,7 +2,7 @@
 
 :func:`plot_lora` reads a LoRA model's own layers (shapes and ``requires_grad``);
 :func:`plot_finetune_memory` draws measured reports; :func:`planner_widget` fronts
-:func:`course_lib.finetuning.planner.plan` (tests call ``plan``).
+:func:`course_lib.finetuning.planner.plan_finetuning` (tests call ``plan_finetuning``).
 
 Each widget keeps its own cache of fake-tensor measurements, so a setting seen before answers at
 once; a new one costs fake-tensor runs (seconds for the tiny preset, tens of seconds for
@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
-from course_lib.finetuning.planner import plan
+from course_lib.finetuning.planner import plan_finetuning
 from course_lib.common.plots import legible
 
 __all__ = ["planner_widget", "plot_lora", "plot_finetune_memory"]
@@ -138,7 +138,7 @@ def planner_widget(model: str = "tiny", gpu_memory_gb: float = 80, n_gpus: int =
                    cache: dict | None = None) -> widgets.VBox:
     """Dropdowns for model, GPU memory, GPU count, sequence length, micro-batch and LoRA rank;
     press "Plan" to measure (fake tensors) and print the table. ``cache``: measurements to reuse
-    (e.g. the dict an earlier :func:`~course_lib.finetuning.planner.plan` call filled)."""
+    (e.g. the dict an earlier :func:`~course_lib.finetuning.planner.plan_finetuning` call filled)."""
     cache = {} if cache is None else cache
     w_model = widgets.Dropdown(options=_MODELS, value=model, description="model",
                                style=WIDGET_STYLE)
@@ -161,8 +161,9 @@ def planner_widget(model: str = "tiny", gpu_memory_gb: float = 80, n_gpus: int =
             if w_model.value == "gpt-7b":
                 print("measuring 7B slices on fake tensors: ~10-30 s ...")
             try:
-                print(plan(w_model.value, gpu_memory_gb=w_mem.value, n_gpus=w_gpus.value,
-                           seq_len=w_seq.value, micro_batch=w_mb.value, r=w_r.value, cache=cache))
+                print(plan_finetuning(w_model.value, gpu_memory_gb=w_mem.value,
+                                      n_gpus=w_gpus.value, seq_len=w_seq.value,
+                                      micro_batch=w_mb.value, r=w_r.value, cache=cache))
             except (ValueError, MemoryError) as err:
                 print(f"cannot plan this: {err}")
 

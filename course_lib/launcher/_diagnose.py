@@ -18,6 +18,8 @@ import re
 import signal
 import time
 
+from course_lib.common.deprecation import renamed
+
 LEVELS = ("off", "info", "detail")
 STACK_WAIT_S = 2.0  # at most this long to collect the stacks of a hang
 PEER_WAIT_S = 1.0   # a rank that lost its peer: this long to see whether the peer died
@@ -34,7 +36,7 @@ def validate_debug(debug: str | None) -> str | None:
     return debug.lower()
 
 
-check_debug = validate_debug  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_debug": "validate_debug"})  # before issue 32
 
 
 def apply_debug(level: str | None) -> None:

@@ -9,28 +9,12 @@ shows a ``RankError`` it raises through that view (unless another custom handler
 """
 from __future__ import annotations
 
-import html
 import signal
 import sys
 
+from course_lib.display import Folded
+
 __all__ = ["RankError", "Folded", "failure_of", "show_in_notebook"]
-
-
-class Folded:
-    """``text``, then ``raw`` under the heading ``label``: below it as text, folded in HTML."""
-
-    def __init__(self, text: str, raw: str = "", label: str = "raw output") -> None:
-        self.text, self.raw, self.label = text.rstrip(), raw.rstrip(), label
-
-    def __repr__(self) -> str:
-        return self.text + (f"\n--- {self.label} ---\n{self.raw}" if self.raw else "")
-
-    def _repr_html_(self) -> str:
-        head = f'<pre style="white-space: pre-wrap">{html.escape(self.text)}</pre>'
-        if not self.raw:
-            return head
-        return (f"{head}<details><summary>{html.escape(self.label)}</summary>"
-                f'<pre style="white-space: pre-wrap">{html.escape(self.raw)}</pre></details>')
 
 
 class RankError(RuntimeError):

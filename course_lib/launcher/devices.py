@@ -1,6 +1,6 @@
 """Which hardware a run uses: CPU cores, GPUs, the backend, threads per rank.
 
-Every launcher asks :func:`plan` first, so bad requests fail here, with a clear message, before a
+Every launcher asks :func:`place` first, so bad requests fail here, with a clear message, before a
 single process starts. The rules (chapter 00 explains them):
 
 * no GPU (or ``device="cpu"``): gloo, CPU tensors, ``cores // nprocs`` threads per rank;
@@ -18,10 +18,14 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from course_lib.common import machine
 from course_lib.common.checks import is_int
+from course_lib.common.deprecation import renamed
+from course_lib.common.machine import usable_cores  # noqa: F401 (its home is common.machine)
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
+DEVICE_CHOICES = ("auto", *DEVICES)  # the launchers' and ``--device``'s vocabulary
 
 
 def pin_cores(rank: int, threads: int) -> list[int]:
@@ -33,77 +37,9 @@ def pin_cores(rank: int, threads: int) -> list[int]:
 
 
 def cpu_count() -> int:
-    """Cores this process may use: :func:`usable_cores` (affinity mask and cgroup quota)."""
-    return usable_cores()
-
-
-def usable_cores(cgroup_root: str = "/sys/fs/cgroup",
-                 proc_cgroup: str = "/proc/self/cgroup") -> int:
-    """Cores this process may keep busy: its affinity mask, capped by its cgroup's CPU quota.
-
-    ``floor(quota / period)``, at least 1. A Kubernetes or Binder pod limited to 2 CPUs on a
-    64-core host sees 64 cores in its affinity mask but gets 2 CPUs' worth of time; ``taskset
-    -c 0`` limits the mask, not the quota: both must be read. Pinning one rank per core and
-    choosing world sizes from this count keeps every busy rank on a core of its own.
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota(cgroup_root, proc_cgroup)
-    return max(1, min(cores, math.floor(quota))) if quota else cores
-
-
-def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
-    """This process's cgroup path per hierarchy: ``""`` for v2, ``"cpu"`` for v1's cpu one."""
-    paths = {}
-    try:
-        with open(proc_cgroup) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "":
-                    paths[""] = path
-                elif "cpu" in controllers.split(","):
-                    paths["cpu"] = path
-    except (OSError, ValueError):
-        pass
-    return paths
-
-
-def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup",
-                      proc_cgroup: str = "/proc/self/cgroup") -> float | None:
-    """CPUs allowed by the cgroups (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cfs_period_us``)
-    of this process and every cgroup above it, the smallest; None if unlimited."""
-    own = _own_cgroups(proc_cgroup)
-    found = []
-    for kind, mount in (("", root), ("cpu", os.path.join(root, "cpu")),
-                        ("cpu", os.path.join(root, "cpu,cpuacct"))):
-        parts = [p for p in own.get(kind, "/").split("/") if p and p != ".."]
-        for depth in range(len(parts), -1, -1):  # own cgroup first, then each parent
-            folder = os.path.join(mount, *parts[:depth])
-            found.append(_read_v2(folder) if kind == "" else _read_v1(folder))
-    quotas = [q for q in found if q]
-    return min(quotas) if quotas else None
-
-
-def _read_v2(folder: str) -> float | None:
-    try:
-        with open(os.path.join(folder, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_v1(folder: str) -> float | None:
-    try:
-        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
-            quota = int(f.read())
-        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
-            period = int(f.read())
-        return None if quota <= 0 or period <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
+    """Cores this process may use: :func:`~course_lib.common.machine.usable_cores` (affinity mask
+    and cgroup quota)."""
+    return machine.usable_cores()
 
 
 def gpu_count() -> int:
@@ -137,9 +73,6 @@ def validate_timeout(timeout: object) -> float:
     return float(timeout)
 
 
-check_timeout = validate_timeout  # its name before issue 32 (check_* now means a grader)
-
-
 def loopback_interface() -> str:
     """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
     try:
@@ -169,35 +102,50 @@ class Placement:
         return torch.device("cuda", rank % gpu_count())
 
 
-def plan(nprocs: int, backend: str | None = None, device: str | None = None,
-         threads: int | None = None) -> Placement:
+class DeviceError(ValueError, RuntimeError):
+    """A request for a device or backend this machine cannot give (a ``ValueError``; also a
+    ``RuntimeError``, the type CUDA-without-a-GPU had before issue 51)."""
+
+
+def place(nprocs: int, backend: str | None = None, device: str | None = None,
+          threads: int | None = None, *, pipeline: bool = False,
+          gpus: int | None = None) -> Placement:
     """Validate a launch request and decide backend, device and threads per rank.
 
-    Raises ``ValueError`` (or ``RuntimeError`` for CUDA without GPUs) with a message that says
-    what to change. Nothing is started here.
+    ``device``: ``None`` or ``"auto"`` (choose), ``"cpu"``, ``"cuda"``; ``backend``: ``None``
+    (choose), ``"gloo"``, ``"nccl"``. A ``pipeline`` layout runs on the CPU (chapter 09's stages
+    send CPU tensors). ``gpus``: the GPUs to plan for (default: those torch sees). A request
+    this machine cannot give raises :class:`DeviceError` saying what to change; a wrong type,
+    ``TypeError``. Nothing is started here.
     """
     if not is_int(nprocs):
         raise TypeError(f"nprocs must be an int, got {type(nprocs).__name__}")
     if nprocs < 1:
-        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+        raise DeviceError(f"nprocs must be at least 1, got {nprocs}")
     if nprocs > max_ranks():
-        raise ValueError(f"nprocs={nprocs} is more than this machine allows ({max_ranks()} ranks "
-                         f"on {cpu_count()} cores); every rank is a real process")
+        raise DeviceError(f"nprocs={nprocs} is more than this machine allows ({max_ranks()} "
+                          f"ranks on {cpu_count()} cores); every rank is a real process")
     if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS} or None (auto)")
-    if device is not None and device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; choose one of {DEVICES} or None (auto)")
-    gpus = gpu_count()
+        raise DeviceError(f"unknown backend {backend!r}; choose one of {BACKENDS} or None (auto)")
+    if device is not None and device not in DEVICE_CHOICES:
+        raise DeviceError(f"unknown device {device!r}; choose one of {DEVICE_CHOICES} or None")
+    device = None if device == "auto" else device
+    gpus = gpu_count() if gpus is None else gpus
     if (device == "cuda" or backend == "nccl") and gpus == 0:
-        raise RuntimeError(f"{'device=cuda' if device == 'cuda' else 'backend=nccl'} was requested "
-                           "but this machine has no CUDA GPU; use the default (gloo on CPU)")
+        raise DeviceError(f"{'device=cuda' if device == 'cuda' else 'backend=nccl'} was "
+                          "requested but this machine has no CUDA GPU; use the default (gloo "
+                          "on CPU)")
+    if pipeline and (device == "cuda" or backend == "nccl"):
+        raise DeviceError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "
+                          "tensors); use device='cpu'")
     if backend == "nccl" and device == "cpu":
-        raise ValueError("NCCL only moves CUDA tensors; use backend='gloo' for device='cpu'")
+        raise DeviceError("NCCL only moves CUDA tensors; use backend='gloo' for device='cpu'")
     if backend == "nccl" and nprocs > gpus:
-        raise ValueError(f"NCCL needs one GPU per rank: {nprocs} ranks but {gpus} GPU(s); "
-                         "use fewer ranks, or backend='gloo' (ranks then share GPUs)")
+        raise DeviceError(f"NCCL needs one GPU per rank: {nprocs} ranks but {gpus} GPU(s); "
+                          "use fewer ranks, or backend='gloo' (ranks then share GPUs)")
     if device is None:
-        device = "cuda" if backend == "nccl" or (backend is None and 0 < nprocs <= gpus) else "cpu"
+        device = "cuda" if not pipeline and (
+            backend == "nccl" or (backend is None and 0 < nprocs <= gpus)) else "cpu"
     if backend is None:
         backend = "nccl" if device == "cuda" and nprocs <= gpus else "gloo"
     if threads is None:
@@ -205,11 +153,15 @@ def plan(nprocs: int, backend: str | None = None, device: str | None = None,
     elif isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int or None, got {threads!r}")
     elif threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
+        raise DeviceError(f"threads must be at least 1, got {threads}")
     elif threads > cpu_count():
-        raise ValueError(f"threads must be at most {cpu_count()}, the cores this process may use, "
-                         f"got {threads}: more threads per rank than cores only take turns")
+        raise DeviceError(f"threads must be at most {cpu_count()}, the cores this process may "
+                          f"use, got {threads}: more threads per rank than cores only take turns")
     return Placement(nprocs=nprocs, backend=backend, device=device, threads=threads)
+
+
+# names before issue 51: ``plan`` (now ``place``; the fine-tuning planner is ``plan_finetuning``)
+__getattr__ = renamed(__name__, {"plan": "place", "check_timeout": "validate_timeout"})
 
 
 def describe() -> dict:
@@ -226,7 +178,7 @@ def describe() -> dict:
         "gpus": gpu_count(),
         "gloo": torch.distributed.is_gloo_available(),
         "nccl": torch.distributed.is_nccl_available() and gpu_count() > 0,
-        "default_backend_4_ranks": plan(4).backend,
+        "default_backend_4_ranks": place(4).backend,
     }
     if info["gpus"]:
         info["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(info["gpus"])]

@@ -1,45 +1,36 @@
-"""See how the ranks of :func:`course_lib.run` ended — for the clean-exit test and benchmark.
+"""Deprecated (issue 51): instruments, not the launcher — ``fsdp_step`` and ``ddp_step`` live in
+``benchmarks/bench_clean_exit.py``; a rank's exit status is ``run(..., report=RunReport())``'s
+``report.exit_statuses``.
 
-Background: a gloo rank that finishes its work and
-then lets the Python interpreter shut down aborts in 10-30 % of runs ("terminate called without
-an active exception", SIGABRT) — a gloo thread grabs the GIL during finalisation. The launcher
-therefore ends each rank with ``os._exit`` once every rank has handed its result over.
-
-``run`` reports exit statuses through its supported hook, ``run(..., report=RunReport())``
-(``report.exit_statuses``: ``0`` = clean, ``-6`` = SIGABRT, ``None`` = did not end within the
-launcher's 5-second drain); :func:`exit_statuses` is the one-line form.
+Each old name is served with a ``DeprecationWarning`` for one release (the two steps are loaded
+from the benchmark file of a source checkout).
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any, Callable
 
+from course_lib.common.deprecation import warn_renamed
 from course_lib.launcher.launch import RunReport, run
 
-__all__ = ["exit_statuses", "fsdp_step", "ddp_step"]
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_clean_exit.py"
 
 
 def exit_statuses(fn: Callable[..., Any], nprocs: int, *args: Any, **kwargs: Any) -> list:
-    """Run ``fn`` like :func:`course_lib.run` and return its ranks' exit statuses, in rank order."""
+    """Deprecated: the ranks' exit statuses of ``run(fn, nprocs, ...)``, in rank order."""
+    warn_renamed("course_lib.launcher.exit_codes.exit_statuses",
+                 "run(..., report=RunReport()) and report.exit_statuses")
     report = RunReport()
     run(fn, nprocs, *args, report=report, **kwargs)
     return report.exit_statuses
 
 
-def fsdp_step() -> int:
-    """One FSDP2 forward/backward on a toy model (the launch pattern that aborted at exit)."""
-    import torch
-    from torch.distributed.fsdp import fully_shard
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
-
-
-def ddp_step() -> int:
-    """One DDP forward/backward on a toy model (the other launch pattern that aborted)."""
-    import torch
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-    model(torch.randn(2, 8)).sum().backward()
-    return 0
+def __getattr__(name: str) -> Any:
+    if name not in ("fsdp_step", "ddp_step"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_renamed(f"{__name__}.{name}", f"{name} of benchmarks/bench_clean_exit.py")
+    spec = importlib.util.spec_from_file_location("bench_clean_exit", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)

@@ -104,7 +104,7 @@ def tolerance_for(text: str) -> float:
 def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bool = True,
                args: tuple = (), timeout: float = 300.0, quiet: bool = False) -> ScriptRun:
     """Run ``text`` as ``name`` under torchrun on ``nprocs`` ranks, then alone; compare."""
-    devices.plan(nprocs)  # bad input fails here, before any process starts
+    devices.place(nprocs)  # bad input fails here, before any process starts
     devices.validate_timeout(timeout)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"the script's name must be a plain file name ending in .py, got {name!r}")

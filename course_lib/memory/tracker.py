@@ -29,7 +29,7 @@ from course_lib.memory.mixed import MixedPrecisionAdam
 from course_lib.memory.report import MemoryReport, STATE_KEYS, categorize, format_bytes
 
 __all__ = ["measure_step", "measure_inference", "tracked_steps", "make_optimizer", "default_loss",
-           "GlobalMemTracker"]
+           "GlobalMemTracker", "flow_bytes"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -138,7 +138,7 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
         shape = _shape(batch, config)
         if not fake:
             _check_fits(predict.model_state_bytes_for(config, precision, optimizer)["model_states"]
-                        + _flow_bytes(config, shape, precision))
+                        + flow_bytes(config, shape, precision))
         with FakeTensorMode() if fake else nullcontext():
             model, batch = _build(config, shape, precision, seed)
             model.set_recompute(recompute)
@@ -153,7 +153,7 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
         states = predict.model_state_bytes_for(model, precision, optimizer)
         extra = states["grads"] + states["optimizer"]
         if isinstance(model, GPT):
-            extra += _flow_bytes(model.config, tuple(batch[0].shape), precision)
+            extra += flow_bytes(model.config, tuple(batch[0].shape), precision)
         _check_fits(extra)
         opt = _optimizer(model, optimizer, precision, False)
         before = getattr(model, "recompute", "none")
@@ -182,7 +182,7 @@ def measure_inference(model: nn.Module | GPTConfig | str, inputs: torch.Tensor |
         shape = _shape(inputs, config)
         if not fake:
             _check_fits(predict.inference_bytes(param_count(config), precision)
-                        + _flow_bytes(config, shape, precision))
+                        + flow_bytes(config, shape, precision))
         with FakeTensorMode() if fake else nullcontext():
             model, (inputs, _) = _build(config, shape, precision, seed)
             return _forward_only(model, inputs, precision, fake)
@@ -236,7 +236,7 @@ def _autocast(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "amp" else None
 
 
-def _flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
+def flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
     """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
     b, s = shape[0], shape[1]
     return (predict.activation_bytes(config, b, s, precision) + 2 * FP32 * b * s * config.vocab_size

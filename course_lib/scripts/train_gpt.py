@@ -7,9 +7,9 @@ Options: a TOML file (torchtitan's sections), the command line wins; ``--layout 
 ``COURSE_FT_FAULTS=attempt:rank:step:kind`` fails a rank on purpose (chapter 06's faults).
 ``--standalone`` is for your own machine only: torchrun's stores have no authentication (on a
 shared machine use ``course_lib.torchrun``; ``course_lib.capstone.cluster`` writes Slurm and
-Kubernetes files). ``--device auto`` (the default) trains on GPU ``LOCAL_RANK`` with NCCL where
-torch sees CUDA, on the CPU with gloo otherwise; ``cpu`` or ``cuda`` forces one. Rank 0 writes ``{"losses", "params"}`` to ``--out``
-(read with ``torch.load(path, weights_only=True)``). More: docs/decisions.md, scripts/train_gpt.py.
+Kubernetes files). ``--device auto`` (the default) is ``course_lib.launcher.devices.place``'s
+choice for this node's ranks (NCCL, one GPU per rank, where there are enough; else CPU + gloo).
+Rank 0 writes ``{"losses", "params"}`` to ``--out`` (``torch.load(path, weights_only=True)``).
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import tomllib
 import torch
 
 from course_lib.capstone.measure import validate_run, dp_size
-from course_lib.capstone.train import DEVICE_CHOICES, pick_device, train_rank
+from course_lib.capstone.train import train_rank_capstone
 from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
+from course_lib.launcher.devices import DEVICE_CHOICES, place
 from course_lib.launcher.torchrun import init_distributed
 
 #: TOML section -> the options it may hold
@@ -83,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
         if value is not None:
             options[key] = parse_layout(value) if key == "layout" else value
     options["faults"], options["out"] = parse_faults(args.faults), args.out
-    options["device"], options["backend"] = pick_device(args.device,
-                                                        pipeline="pp" in options["layout"])
+    placement = place(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), None, args.device,
+                      threads=1, pipeline="pp" in options["layout"])  # this node's ranks
+    options["device"], options["backend"] = placement.device, placement.backend
     return options
 
 
@@ -97,12 +99,13 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
                          f"torchrun started {world}")
     if o["device"] == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per local rank
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     rank, _ = init_distributed(o["backend"])
-    result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),
-                        lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
-                        ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
-                        faults=o["faults"], device=o["device"])
+    result = train_rank_capstone(config, layout, o["steps"],
+                                 batch_size=o["batch_size"] // dp_size(layout), lr=o["lr"],
+                                 seed=o["seed"], eval_every=o["eval_every"],
+                                 ckpt_dir=o["ckpt_dir"] or None, every=o["every"],
+                                 keep=o["keep"], faults=o["faults"], device=o["device"])
     if rank == 0:
         start = result["resumed_from"]
         print(f"attempt {result['attempt']}: layout {layout}, "

@@ -15,18 +15,19 @@ import psutil
 import torch
 from torch import nn
 
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.memory.report import MemoryReport, format_bytes
-from course_lib.memory.tracker import _flow_bytes
+from course_lib.memory.tracker import flow_bytes
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
 from course_lib.sharding.rank_measure import validate_request, make_inputs, measure_rank
 from course_lib.sharding.strategies import STRATEGIES
 
 __all__ = ["measure_distributed", "compare_strategies", "memory_vs_world", "measure_rank",
-           "validate_request", "make_inputs", "validate_fits", "check_fits"]
+           "validate_request", "make_inputs", "validate_fits"]
 
 
 def validate_fits(model_or_config: object, batch, strategies: Sequence[str], nprocs: int,
@@ -47,8 +48,8 @@ def validate_fits(model_or_config: object, batch, strategies: Sequence[str], npr
                  for s in strategies for row in zero.per_rank_bytes(shapes, s, nprocs, optimizer,
                                                                     precision))
     per_rank = max(states, 4 * sum(zero._numel(shape) for shape in shapes)) + \
-        _flow_bytes(config, tuple(batch), precision)
-    placement = devices.plan(nprocs)
+        flow_bytes(config, tuple(batch), precision)
+    placement = devices.place(nprocs)
     if placement.device == "cuda":
         ranks_per_gpu = -(-nprocs // devices.gpu_count())
         needed, free = ranks_per_gpu * per_rank, min(
@@ -63,7 +64,7 @@ def validate_fits(model_or_config: object, batch, strategies: Sequence[str], npr
                           "tensors without allocating, or a smaller model, batch or strategy")
 
 
-check_fits = validate_fits  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_fits": "validate_fits"})  # before issue 32
 
 
 def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
@@ -93,7 +94,7 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
         return measure_fake(model_or_config, batch, nprocs=nprocs, ranks=ranks, **kwargs)
     if ranks is not None:
         raise ValueError("ranks= only applies to fake=True: a real run measures every rank")
-    devices.plan(nprocs)  # bad world sizes fail here, with the launcher's message
+    devices.place(nprocs)  # bad world sizes fail here, with the launcher's message
     validate_fits(model_or_config, batch, [strategy], nprocs, optimizer, precision)
     return run(measure_rank, nprocs, model_or_config, batch, timeout=timeout, **kwargs)
 
@@ -116,7 +117,7 @@ def compare_strategies(model_or_config: nn.Module | GPTConfig | str, batch, *,
         raise ValueError("strategies must name at least one strategy")
     for strategy in strategies:
         validate_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations)
-    devices.plan(nprocs)
+    devices.place(nprocs)
     validate_fits(model_or_config, batch, strategies, nprocs, optimizer, precision)
     per_rank = run(_measure_each, nprocs, model_or_config, batch, strategies, timeout=timeout,
                    optimizer=optimizer, precision=precision, iterations=iterations, seed=seed)

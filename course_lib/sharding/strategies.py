@@ -24,12 +24,13 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.common.data import get_batch
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import (OPTIMIZER_CLASSES, default_loss, make_optimizer,
                                         validate_optimizer)
 
 __all__ = ["STRATEGIES", "DIST_PRECISIONS", "FSDP_ONLY", "Wrapped", "validate_strategy", "shard_units", "wrap",
-           "train_step", "train_rank_sharded", "train_rank", "full_params", "AllReduceHooks"]
+           "train_step", "train_rank_sharded", "full_params", "AllReduceHooks"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 #: fp32, or "amp" (bf16 compute, fp32 master weights and gradient reduction).
@@ -201,7 +202,7 @@ def train_rank_sharded(config: GPTConfig | str, strategy: str, *, steps: int = 3
     return {"losses": losses, "params": full_params(wrapped)}
 
 
-train_rank = train_rank_sharded  # its name before issue 32 (chapter 03 and course_lib.train_rank)
+__getattr__ = renamed(__name__, {"train_rank": "train_rank_sharded"})  # before issue 32
 
 
 def full_params(wrapped: Wrapped) -> dict[str, torch.Tensor]:

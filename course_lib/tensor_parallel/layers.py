@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.common.checks import positive_int
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import Block, GPT, GPTConfig
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
-           "tp_plan", "validate_tp_degree", "check_tp_degree", "qkv_rows", "dtensor_block",
+           "tp_plan", "validate_tp_degree", "qkv_rows", "dtensor_block",
            "param_bytes", "expected_block_bytes"]
 
 
@@ -75,7 +76,7 @@ def validate_tp_degree(config: GPTConfig, t: int) -> None:
                          f"t={t}: every rank must own the same number of whole heads")
 
 
-check_tp_degree = validate_tp_degree  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_tp_degree": "validate_tp_degree"})  # before issue 32
 
 
 def qkv_rows(config: GPTConfig, rank: int, t: int) -> torch.Tensor:

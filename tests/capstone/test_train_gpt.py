@@ -201,22 +201,22 @@ def test_bad_input_fails_before_any_process(kwargs, message, monkeypatch):
 
 def test_device_choice_and_a_missing_gpu_fail_before_any_process(monkeypatch):
     import course_lib.capstone.measure as measure
-    from course_lib.capstone.train import pick_device
+    from course_lib.launcher.devices import place
     from course_lib.scripts import train_gpt as script
-    assert pick_device("auto", cuda_available=True) == ("cuda", "nccl")
-    assert pick_device("auto", cuda_available=False) == ("cpu", "gloo")
-    assert pick_device("cpu", cuda_available=True) == ("cpu", "gloo")
-    assert pick_device("cuda", cuda_available=True) == ("cuda", "nccl")
-    assert pick_device("auto", cuda_available=True, pipeline=True) == ("cpu", "gloo")
+    chosen = {(r, g, pp): (p.device, p.backend) for r in ("auto", "cpu", "cuda") for g in (0, 1)
+              for pp in (False, True) if not ((r == "cuda" and not g) or (r == "cuda" and pp))
+              for p in [place(1, None, r, pipeline=pp, gpus=g)]}
+    assert chosen[("auto", 1, False)] == chosen[("cuda", 1, False)] == ("cuda", "nccl")
+    assert {v for (r, g, pp), v in chosen.items() if not g or pp or r == "cpu"} == {("cpu", "gloo")}
     with pytest.raises(ValueError, match="pipeline layouts run on the CPU"):
-        pick_device("cuda", cuda_available=True, pipeline=True)
+        place(1, None, "cuda", pipeline=True, gpus=1)
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
-        pick_device("gpu")
+        place(1, None, "gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(script, "init_distributed", lambda *a: pytest.fail("a group was joined"))
     monkeypatch.setattr(measure, "run", lambda *a, **k: pytest.fail("a process was started"))
-    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+    with pytest.raises(ValueError, match="device=cuda was requested but this machine has no CUDA"):
         script.main(["--layout", "", "--device", "cuda"])
     assert script.parse_args(["--layout", ""])["backend"] == "gloo"
     with pytest.raises(RuntimeError, match="no CUDA GPU"):

@@ -16,7 +16,7 @@ SHAPES = [(256, 64), (64, 64), (192, 64), (64,), (7,), (3, 5, 2)]
 
 
 def predictor_numbers() -> dict:
-    from course_lib.deepspeed.census import predict_deepspeed
+    from course_lib.deepspeed.holdings import predict_deepspeed
     from course_lib.finetuning.lora import lora_param_count, lora_state_bytes
     from course_lib.memory import predict
     from course_lib.sharding import formulas as f

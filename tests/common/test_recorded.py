@@ -7,7 +7,7 @@ import json
 import pytest
 
 from course_lib.common import recorded
-from course_lib.launcher import devices
+from course_lib.common import machine
 from course_lib.launcher.netns import LinkUnavailable
 
 NOTEBOOK_FIELDS = {
@@ -39,7 +39,7 @@ def test_a_record_without_a_field_or_a_machine_is_refused(tmp_path):
 
 
 def test_one_usable_core_shows_the_stored_run_and_says_why(monkeypatch):
-    monkeypatch.setattr(devices, "usable_cores", lambda *a: 1)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 1)
     value, source = recorded.live_or_recorded(
         "overlap", lambda: pytest.fail("measured on one core"), NOTEBOOK_FIELDS["overlap"])
     assert "needs 2 usable cores" in source and "may use 1" in source
@@ -47,7 +47,7 @@ def test_one_usable_core_shows_the_stored_run_and_says_why(monkeypatch):
 
 
 def test_no_namespace_shows_the_stored_run_with_the_reason(monkeypatch):
-    monkeypatch.setattr(devices, "usable_cores", lambda *a: 2)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
 
     def refused():
         raise LinkUnavailable("unprivileged user namespaces are off here")

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from course_lib.communication import benchmark as comm
 from course_lib.communication import ring
+from course_lib.common import machine
 from course_lib.communication.alphabeta import (FIT_TOLERANCE, AlphaBeta, fit_alpha_beta,
                                                 fit_errors, fit_per_world, measure_all_reduce,
                                                 points_of, ring_allreduce_time, within_tolerance)
@@ -296,7 +297,7 @@ def test_pinning_counts_the_cgroup_quota_not_only_the_affinity_mask(monkeypatch)
     import course_lib.communication.scaling as scaling
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("a process was started"))
     monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(scaling.devices, "_cgroup_cpu_quota", lambda *paths: 1.0)
+    monkeypatch.setattr(machine, "cgroup_cpu_quota", lambda *paths: 1.0)
     with pytest.raises(ValueError, match="2 ranks need 2 cores, this process may use 1"):
         measure_scaling(worlds=(1, 2), threads=1, pin=True)
 

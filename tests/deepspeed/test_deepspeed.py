@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from course_lib import zero
-from course_lib.deepspeed.census import deepspeed_estimate, predict_deepspeed
+from course_lib.deepspeed.holdings import deepspeed_estimate, predict_deepspeed
 from course_lib.deepspeed.exercises import check_fit_config, fit_answer
 from course_lib.deepspeed.show import estimate_table, memory_rows
-from course_lib.deepspeed.census import split_key_bias
+from course_lib.deepspeed.holdings import split_key_bias
 from course_lib.deepspeed.engine import deepspeed_config, run_deepspeed, run_zero_stages
 from course_lib.deepspeed.load import deepspeed_status
 from course_lib.exercises import check_true

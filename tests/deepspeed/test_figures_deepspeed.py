@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from course_lib.deepspeed.census import predict_deepspeed
+from course_lib.deepspeed.holdings import predict_deepspeed
 from course_lib.deepspeed.show import plot_stage_holdings
 from course_lib.sharding.formulas import param_shapes
 from figure_checks import too_small  # noqa: E402

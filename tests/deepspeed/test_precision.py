@@ -16,7 +16,7 @@ from torch import nn
 
 from course_lib import zero
 from course_lib.common.models import GPTConfig, get_config, param_count
-from course_lib.deepspeed.census import census, predict_deepspeed
+from course_lib.deepspeed.holdings import holdings, predict_deepspeed
 from course_lib.deepspeed.config import deepspeed_config
 from course_lib.deepspeed.exercises import check_ds_config
 from course_lib.exercises import check_true
@@ -125,7 +125,7 @@ def test_census_counts_a_fake_engine_by_storage_and_attribute():
                                all_grad_tensors={0: [flat[:4], flat[4:]]},
                                ipg_buckets=[torch.zeros(8, dtype=torch.bfloat16)],
                                _global_grad_norm=torch.zeros((), dtype=torch.float64))
-    got = census(SimpleNamespace(module=module, optimizer=zero_opt))
+    got = holdings(SimpleNamespace(module=module, optimizer=zero_opt))
     assert got == {"params": 32, "grads": 32 + 40, "master": 64, "optimizer": 48 + 4,
                    "buckets": 16, "other": 8, "model_states": 32 + 72 + 64 + 52 + 16 + 8}
 

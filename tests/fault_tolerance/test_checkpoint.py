@@ -26,7 +26,7 @@ from course_lib.fault_tolerance.checkpoint import (CheckpointError, checkpoint_n
                                                    checkpoint_status, latest_checkpoint,
                                                    load_checkpoint, verify_checkpoint)
 from course_lib.fault_tolerance.safe_files import load_plain
-from course_lib.deepspeed.census import split_key_bias
+from course_lib.deepspeed.holdings import split_key_bias
 from course_lib.fault_tolerance.training import Fault, build, train
 from course_lib.common.models import get_config, param_count
 from ckpt_attacks import tamper, torch_bytes

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from course_lib.common.data import get_batch
-from course_lib.finetuning.memory import measure_finetune, measure_module
+from course_lib.finetuning.footprint import measure_finetune, measure_module
 from course_lib.finetuning.lora import (LoRALinear, add_lora, lora_layers, lora_param_count,
                                         lora_state_bytes, merged_reference_check,
                                         trainable_parameters)

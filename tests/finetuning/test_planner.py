@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 
 from course_lib.common.models import get_config, param_count
-from course_lib.finetuning.planner import measure_method, plan
+from course_lib.finetuning.planner import measure_method, plan_finetuning
 
 GB = 1e9
 
 
 @pytest.fixture(scope="module")
 def plan_7b():
-    return plan("gpt-7b", gpu_memory_gb=80, n_gpus=8, seq_len=2048,
+    return plan_finetuning("gpt-7b", gpu_memory_gb=80, n_gpus=8, seq_len=2048,
                 methods=("ddp", "fsdp", "lora", "qlora"))
 
 
@@ -35,7 +35,7 @@ def test_7b_verdicts(plan_7b):
 
 
 def test_one_gpu_full_fine_tune_does_not_fit():
-    p = plan("gpt-7b", gpu_memory_gb=80, n_gpus=1, methods=("fsdp",))
+    p = plan_finetuning("gpt-7b", gpu_memory_gb=80, n_gpus=1, methods=("fsdp",))
     assert not p.row("fsdp").fits                 # nothing to shard over: 16 B/param > 80 GB
 
 
@@ -43,7 +43,7 @@ def test_one_gpu_full_fine_tune_does_not_fit():
 def test_depth_probe_equals_full_depth_measurement(method):
     # probe at 1+2 layers (fsdp: 2+3), compare with a full-depth run one layer deeper than needed
     cfg = get_config("small") if method == "fsdp" else get_config("tiny").replace(n_layer=3)
-    row = plan(cfg, n_gpus=4, seq_len=64, depth="probe", methods=(method,)).row(method)
+    row = plan_finetuning(cfg, n_gpus=4, seq_len=64, depth="probe", methods=(method,)).row(method)
     full = measure_method(cfg, method, row.gpus, (1, 64))
     assert row.source.startswith("fake, 2+3 layers" if method == "fsdp" else "fake, 1+2 layers")
     for key in ("weights", "grads", "optimizer", "activations"):
@@ -57,29 +57,29 @@ def test_depth_probe_equals_full_depth_measurement(method):
 
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="n_gpus must be a positive integer"):
-        plan("tiny", n_gpus=0)
+        plan_finetuning("tiny", n_gpus=0)
     with pytest.raises(ValueError, match="gpu_memory_gb must be a positive number"):
-        plan("tiny", gpu_memory_gb=-1)
+        plan_finetuning("tiny", gpu_memory_gb=-1)
     with pytest.raises(ValueError, match="unknown preset"):
-        plan("gpt-9000b")
+        plan_finetuning("gpt-9000b")
     with pytest.raises(ValueError, match="methods must be a non-empty subset"):
-        plan("tiny", methods=("pipeline",))
+        plan_finetuning("tiny", methods=("pipeline",))
     with pytest.raises(ValueError, match="unknown assumptions"):
-        plan("tiny", price=3)
+        plan_finetuning("tiny", price=3)
     with pytest.raises(ValueError, match="depth must be"):
-        plan("tiny", depth="deep")
+        plan_finetuning("tiny", depth="deep")
     with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'"):
-        plan("tiny", recompute="some")
+        plan_finetuning("tiny", recompute="some")
     with pytest.raises(ValueError, match="processes must be a positive integer"):
-        plan("tiny", processes=0)
+        plan_finetuning("tiny", processes=0)
 
 
 def test_fake_runs_spread_over_processes_give_the_same_table():
     # two ranks of course_lib.run share the probes; fake runs are deterministic: equal to the byte
     cfg, methods = get_config("tiny").replace(n_layer=5), ("zero2", "qlora")
     cache = {}
-    split = plan(cfg, n_gpus=4, seq_len=64, methods=methods, processes=2, cache=cache)
-    here = plan(cfg, n_gpus=4, seq_len=64, methods=methods, processes=1)
+    split = plan_finetuning(cfg, n_gpus=4, seq_len=64, methods=methods, processes=2, cache=cache)
+    here = plan_finetuning(cfg, n_gpus=4, seq_len=64, methods=methods, processes=1)
     assert [(r.method, r.bytes, r.source) for r in split.rows] == \
         [(r.method, r.bytes, r.source) for r in here.rows]
     assert len(cache) == 4                             # 2 methods × 2 probe depths, each run once
@@ -87,8 +87,8 @@ def test_fake_runs_spread_over_processes_give_the_same_table():
 
 def test_full_recomputation_makes_a_7b_fsdp_plan_fit_and_costs_a_third_more_compute():
     cache = {}
-    stored = plan("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache)
-    recomputed = plan("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache,
+    stored = plan_finetuning("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache)
+    recomputed = plan_finetuning("gpt-7b", micro_batch=8, methods=("fsdp", "lora"), cache=cache,
                       recompute="full")
     before, after = stored.row("fsdp"), recomputed.row("fsdp")
     assert not before.fits and after.fits               # 8 sequences of 2048 tokens per GPU

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from course_lib.common.data import get_batch
-from course_lib.finetuning.memory import measure_module
+from course_lib.finetuning.footprint import measure_module
 from course_lib.finetuning.lora import add_lora
 from course_lib.common.models import GPT, get_config
 from course_lib.finetuning.quantize import (KINDS, NF4_CODES, QuantLinear, error_bound,

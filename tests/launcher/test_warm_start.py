@@ -12,7 +12,7 @@ import torch.distributed as dist
 from course_lib.launcher import _warm, launch
 from course_lib.launcher.launch import run, warm_up
 from course_lib.sharding import formulas as zero
-from course_lib.sharding.strategies import train_rank
+from course_lib.sharding.strategies import train_rank_sharded
 from processes import wait_gone
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +59,7 @@ def test_a_server_that_dies_while_starting_is_reported_and_replaced(monkeypatch)
 
 
 def _notebook_function():
-    return train_rank, zero.paper_bytes, os.getpid, (lambda: zero)
+    return train_rank_sharded, zero.paper_bytes, os.getpid, (lambda: zero)
 
 
 def test_preimports_name_the_course_lib_modules_a_notebook_function_uses():
@@ -67,7 +67,8 @@ def test_preimports_name_the_course_lib_modules_a_notebook_function_uses():
     fn.__module__ = "__main__"  # as a function typed in a notebook cell (shipped by value)
     assert set(_warm.preimports_of(fn)) == {"course_lib.sharding.strategies",
                                            "course_lib.sharding.formulas"}
-    assert _warm.preimports_of(train_rank) == ("course_lib.sharding.strategies",)  # by reference
+    by_reference = _warm.preimports_of(train_rank_sharded)
+    assert by_reference == ("course_lib.sharding.strategies",)
     assert _warm.preimports_of(print) == ()
     plain = types.FunctionType((lambda: os.getpid()).__code__, {"os": os, "__name__": "__main__"})
     assert _warm.preimports_of(plain) == ()  # only course_lib modules: os is no business of ours

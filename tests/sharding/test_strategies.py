@@ -27,8 +27,8 @@ import torch.distributed as dist
 from course_lib import run
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
-from course_lib.sharding.strategies import (STRATEGIES, full_params, train_rank, train_step,
-                                            validate_strategy, wrap)
+from course_lib.sharding.strategies import (STRATEGIES, full_params, train_rank_sharded,
+                                            train_step, validate_strategy, wrap)
 
 # Odd sizes: at 4 ranks FSDP pads d_model = 10 and vocab = 37 rows, ZeRO-1's shares are unequal.
 ODD = GPTConfig(n_layer=1, n_head=1, d_model=10, vocab_size=37, seq_len=9)
@@ -38,8 +38,8 @@ STEPS, BATCH = 3, (4, 9)
 
 def _train_all(config: GPTConfig, precision: str, optimizer: str, lr: float) -> dict:
     """In each rank: every strategy, plus the fake-tensor stand-in for DDP (AllReduceHooks)."""
-    out = {s: train_rank(config, s, steps=STEPS, batch=BATCH, precision=precision,
-                         optimizer=optimizer, lr=lr) for s in STRATEGIES}
+    out = {s: train_rank_sharded(config, s, steps=STEPS, batch=BATCH, precision=precision,
+                                 optimizer=optimizer, lr=lr) for s in STRATEGIES}
     torch.manual_seed(0)
     hooks = wrap(GPT(config), "ddp", optimizer=optimizer, precision=precision, lr=lr,
                  ddp_hooks=True)
@@ -89,9 +89,9 @@ def test_amp_strategies_agree_pairwise_and_with_ddp(no_leftover_ranks):
 def test_the_amp_tolerance_catches_a_missing_gradient_average(no_leftover_ranks):
     """The 1e-3 bound above is tight enough: doubling the learning rate (what summing instead
     of averaging the gradients of 2 ranks does) breaks it."""
-    ranks = run(train_rank, 2, ODD, "fsdp", steps=STEPS, batch=BATCH, precision="amp",
+    ranks = run(train_rank_sharded, 2, ODD, "fsdp", steps=STEPS, batch=BATCH, precision="amp",
                 optimizer="sgd", lr=0.2)
-    reference = run(train_rank, 2, ODD, "ddp", steps=STEPS, batch=BATCH, precision="amp",
+    reference = run(train_rank_sharded, 2, ODD, "ddp", steps=STEPS, batch=BATCH, precision="amp",
                     optimizer="sgd", lr=0.1)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(ranks[0]["params"], reference[0]["params"], rtol=0, atol=1e-3)

@@ -8,7 +8,7 @@ from course_lib import check_true, run
 from course_lib.common.models import get_config, param_count
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.exercises import SIZES, check_shard_bounds
-from course_lib.sharding.strategies import train_rank
+from course_lib.sharding.strategies import train_rank_sharded
 from course_lib.sharding.hand_measure import measure_zero_rank, train_zero_rank
 from course_lib.sharding.zero_by_hand import ShardedOptimizer, ZeRO, shard_bounds
 
@@ -20,7 +20,8 @@ TENSORS = len(zero.param_shapes(CONFIG))
 
 
 def _all(config):
-    out = {s: train_rank(config, s, steps=3, batch=(4, 32)) for s in ("ddp", "zero1", "zero2")}
+    out = {s: train_rank_sharded(config, s, steps=3, batch=(4, 32))
+           for s in ("ddp", "zero1", "zero2")}
     for stage in (1, 2):
         out[stage] = train_zero_rank(ShardedOptimizer, stage, config, steps=3, batch=(4, 32))
         out[f"bytes{stage}"] = measure_zero_rank(ShardedOptimizer, stage, config, batch=(4, 32))

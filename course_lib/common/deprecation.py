@@ -1,0 +1,35 @@
+"""Old public names kept one release: served by a module ``__getattr__`` with a ``DeprecationWarning``.
+
+A renamed function keeps its old name importable (``from module import old`` and ``module.old``
+both work) for one release; each use warns, naming the new name, and the old name is not in the
+module's ``__all__`` (``import *`` does not warn). ``tests/test_names.py`` checks every entry.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from typing import Any, Callable
+
+__all__ = ["renamed", "warn_renamed"]
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated and ``new`` replaces it (removed in the next release)."""
+    warnings.warn(f"{old} is deprecated: use {new} (the old name goes in the next release)",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
+def renamed(module: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving each old name in ``names`` as its new one, with a warning.
+
+    A new name is an attribute of ``module`` or ``"package.module.attribute"`` (a name that moved
+    house); it is looked up on first use, so the new home is imported only then."""
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new = names[name]
+        home, _, attr = new.rpartition(".") if "." in new else (module, "", new)
+        warn_renamed(f"{module}.{name}", new if "." in new else f"{module}.{new}")
+        return getattr(sys.modules.get(home) or importlib.import_module(home), attr)
+    return __getattr__
