@@ -1,9 +1,9 @@
 """What each node of :func:`course_lib.communication.link_sweep.link_sweep` runs: one phase.
 
-:func:`sweep_phase` is the target the sweep hands to :func:`course_lib.launcher.shaped_link.run_pair`
-(the course's one hub for shaped links: namespaces, veth pair, ``tc``), once per (link setting,
-strategy): a training step of DDP or FSDP2 timed after a warm-up, beside the same step without
-communication, and the bytes this node's end of the veth sent meanwhile. The GPU path runs
+:func:`sweep_phase` is the target the sweep hands to
+:func:`course_lib.launcher.shaped_link.run_pair` (the course's one hub for shaped links), once per
+(link setting, strategy): a training step of DDP or FSDP2 timed after a warm-up, beside the same
+step without communication, and the bytes this node's end of the veth sent meanwhile. The GPU path runs
 :func:`strategy_phase` in plain ranks of ``course_lib.run`` (no namespace, no wire counter).
 """
 from __future__ import annotations
@@ -127,5 +127,5 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
 def sweep_phase(strategy, sizes, batch, steps, cache: dict) -> dict:
     """:func:`strategy_phase` on a node of the shaped link (seed 0), counting the bytes its end
     of the veth (gloo's interface) sends."""
-    return strategy_phase(strategy, sizes, batch, steps, 0, iface=os.environ["GLOO_SOCKET_IFNAME"],
-                          cache=cache)
+    return strategy_phase(strategy, sizes, batch, steps, 0,
+                          iface=os.environ["GLOO_SOCKET_IFNAME"], cache=cache)

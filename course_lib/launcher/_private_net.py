@@ -75,7 +75,7 @@ def enter(as_root: bool = False) -> str:
     """Move this process into fresh network and mount namespaces; ``"root"`` or ``"user namespace"``.
 
     ``as_root``: in a user namespace, map the user to root rather than to itself, so that the
-    commands it starts (``ip``, ``tc``) may build links there (:mod:`course_lib.launcher.shaped_link`).
+    commands it starts (``ip``, ``tc``) may build links there (the shaped link's hub).
 
     Raises :class:`Refused` (with the kernel's reason) where the kernel refuses both ways, and
     ``OSError`` if the namespaces were made but could not be set up (then do not go on).

@@ -1,16 +1,14 @@
-"""A shaped link between two processes: network namespaces, a veth pair, ``tc`` (chapters 02, 05).
+"""A shaped link between two processes: network namespaces, a veth pair, ``tc`` (ch. 02, 05, 11).
 
 Two "nodes" (processes), each in a network namespace of its own, joined by a veth pair
 (10.99.0.1 and 10.99.0.2, jumbo frames) whose both ends ``tc`` shapes: a token bucket
 (``tbf``) for a rate, ``netem`` for a delay. gloo between them then pays real wire time for
-every byte, which compute can overlap (the CPU is free while a socket waits). A *hub* process,
-itself started in a fresh namespace, makes the nodes, wires the veth and drives them over
-stdin/stdout (JSON lines).
-:func:`availability` says whether namespaces can be made here (root: ``unshare --net``; a normal
-user: ``unshare --user --map-root-user --net``, where the kernel allows it). Hub and nodes die
-with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node. Chapter 05's link
-:mod:`course_lib.launcher.shaped_link` (the one hub) builds on this; as root,
-:func:`named_pair` names two such namespaces for ``ip netns exec`` (chapter 05's torchrun nodes).
+every byte, which compute can overlap (the CPU is free while a socket waits). The hub that
+makes the nodes, wires the veth and drives them (JSON lines) is
+:mod:`course_lib.launcher.shaped_link`, the course's one; as root, :func:`named_pair` names two
+such namespaces for ``ip netns exec`` (chapter 05's torchrun nodes). :func:`availability` says
+whether namespaces can be made here (root, or a user namespace where the kernel allows one).
+Hub and nodes die with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node.
 """
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Run a course function over a shaped link: real wire time for gloo's bytes (chapters 02, 05, 11).
 
-The one hub protocol of the course's shaped links. A *hub* process (``python -m
-course_lib.launcher.shaped_link hub``) enters fresh network and mount namespaces of its own
-(:func:`course_lib.launcher._private_net.enter`), reads its options as one JSON line and, per job
-``(rate_mbit, latency_ms, kwargs)``, shapes the link (``tc``, :func:`~course_lib.launcher.netns.shape`;
-rate 0 = unthrottled) and calls ``target(**kwargs, cache=...)``: a ``course_lib`` function named
-``"course_lib.pkg.module:function"`` returning plain JSON data; ``cache`` is a dict kept across
-jobs (a model built once). It prints one JSON line per job. :func:`run_pair`: two node processes
-joined by a veth pair (:mod:`~course_lib.launcher.netns`), the target in an initialised gloo
-group of 2 ranks over it; ``pin=True`` pins rank r to core r of the usable cores (where fewer
-than 2 are usable the ranks share one; each result says which core its rank had).
-:func:`run_on_loopback`: the hub alone, its loopback shaped, the target's ``run`` ranks inside.
+The course's one hub for shaped links. The *hub* (``python -m course_lib.launcher.shaped_link
+hub``) enters fresh network and mount namespaces (:func:`course_lib.launcher._private_net.enter`),
+reads its options as one JSON line and, per job ``(rate_mbit, latency_ms, kwargs)``, shapes the
+link (``tc``; rate 0 = unthrottled) and calls ``target(**kwargs, cache=...)``: a ``course_lib``
+function named ``"course_lib.pkg.module:function"`` returning JSON data (``cache``: a dict kept
+across jobs); one JSON line per job. :func:`run_pair`: two nodes joined by a veth pair
+(:mod:`~course_lib.launcher.netns`), the target in a gloo group of 2 ranks over it; ``pin=True``
+pins rank r to core r of the usable cores (with fewer than 2 they share one; each result says
+which). :func:`run_on_loopback`: the hub alone, its loopback shaped, the ``run`` ranks inside.
 """
 from __future__ import annotations
 
