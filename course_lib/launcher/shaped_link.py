@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.launcher import _private_net
 from course_lib.launcher.devices import usable_cores
+from course_lib.launcher.launch import serve_from_here, server_paused
 from course_lib.launcher.netns import LinkUnavailable, MTU, Nodes, availability, \
     die_with_parent, shape, wire
 
@@ -106,7 +108,6 @@ def run_on_loopback(target: str, jobs: Sequence[tuple], *, preload: Sequence[str
     the kernel refuses a namespace; the warm server is paused meanwhile (issue 50)."""
     _resolve(target)
     opts = {"loopback": True, "target": target, "jobs": _jobs(jobs), "preload": list(preload)}
-    from course_lib.launcher.launch import server_paused
     with server_paused():
         return [line["ranks"][0] for line in _hub(opts, timeout, what)]
 
@@ -174,7 +175,6 @@ def _loopback(opts: dict, report) -> None:
     fn = _resolve(opts["target"])
     for module in opts["preload"]:
         importlib.import_module(module)
-    from course_lib.launcher.launch import serve_from_here
     serve_from_here()  # ranks forked from this process: no second interpreter imports torch
     cache: dict = {}
     for index, (rate, latency, kwargs) in enumerate(opts["jobs"]):
@@ -185,7 +185,6 @@ def _loopback(opts: dict, report) -> None:
 def hub_main() -> None:
     """Enter a namespace, build the link, run every job on it, print one JSON line per job."""
     die_with_parent()
-    from course_lib.launcher import _private_net
     opts = json.loads(sys.stdin.readline())
     try:
         _private_net.enter(as_root=True)

@@ -1,6 +1,7 @@
 """Chapter 5: the same DDP script on 2 "nodes" (two torchrun agents) equals one process."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -85,6 +86,30 @@ def test_where_namespaces_are_refused_no_node_starts_unless_the_learner_opts_in(
     here = os.readlink("/proc/self/ns/net")
     assert all(f"network {here} world 2" in text for text in two.outputs), two.outputs
     assert sorted(os.listdir(folder)) == ["0", "1"]
+
+
+def test_the_agents_start_with_the_warm_server_paused(monkeypatch):
+    """Issue 50: the agents and their workers import torch themselves; an idle warm server
+    beside them only adds to the peak, so they start inside ``server_paused``."""
+    seen, paused = [], []
+
+    @contextlib.contextmanager
+    def pause():
+        paused.append(True)
+        try:
+            yield
+        finally:
+            paused.pop()
+
+    def launch_(*args, **kwargs):
+        seen.append(bool(paused))
+        raise RuntimeError("stopped by the test")
+
+    monkeypatch.setattr(multinode, "server_paused", pause)
+    monkeypatch.setattr(multinode, "_launch", launch_)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        run_two_nodes()
+    assert seen == [True] and not paused
 
 
 def test_two_node_commands_share_one_rendezvous():
