@@ -89,6 +89,7 @@ def run_pair(target: str, jobs: Sequence[tuple], *, threads: int = 1, pin: bool 
     Each rank's result is ``{"rank", "cores", "shared_core", "result"}``. Raises ``ValueError``
     for bad input and :class:`LinkUnavailable` (with the reason) where no namespace can be made,
     both before any process starts (``mode``: an :func:`availability` the caller already has).
+    The warm server is paused meanwhile (issue 50).
     """
     _resolve(target)  # bad names fail here, and the module's own import errors too
     jobs = _jobs(jobs)
@@ -98,7 +99,8 @@ def run_pair(target: str, jobs: Sequence[tuple], *, threads: int = 1, pin: bool 
             raise LinkUnavailable(reason)
     cores = sorted(os.sched_getaffinity(0))[:usable_cores()]
     opts = {"threads": threads, "pin": pin, "cores": cores, "target": target, "jobs": jobs}
-    return [line["ranks"] for line in _hub(opts, timeout, what)]
+    with server_paused():  # hub and nodes import torch themselves: no idle server beside them
+        return [line["ranks"] for line in _hub(opts, timeout, what)]
 
 
 def run_on_loopback(target: str, jobs: Sequence[tuple], *, preload: Sequence[str] = (),

@@ -17,11 +17,8 @@ def test_bad_requests_fail_early(job, rates, message):
         over_slow_link(job, rates)
 
 
-def test_the_hub_runs_with_the_warm_server_paused(monkeypatch):
-    """Issue 50: the hub imports torch and forks the ranks itself; the kernel's idle warm server
-    is ended meanwhile (where the pod is small) rather than kept beside it."""
-    seen, paused = [], []
-
+def recording_pause(paused: list):
+    """A stand-in for ``launch.server_paused`` that keeps ``[True]`` in ``paused`` while open."""
     @contextlib.contextmanager
     def pause():
         paused.append(True)
@@ -29,15 +26,24 @@ def test_the_hub_runs_with_the_warm_server_paused(monkeypatch):
             yield
         finally:
             paused.pop()
+    return pause
+
+
+def test_the_hub_runs_with_the_warm_server_paused(monkeypatch):
+    """Issue 50: the hub (and run_pair's nodes) import torch themselves; the kernel's idle warm
+    server is ended meanwhile (where the pod is small) rather than kept beside them."""
+    seen, paused = [], []
 
     def hub(opts, timeout, what):
         seen.append(bool(paused))
         return [{"job": i, "ranks": [{"rate": rate}]} for i, (rate, _, _) in
                 enumerate(opts["jobs"])]
 
-    monkeypatch.setattr(shaped_link, "server_paused", pause)
+    monkeypatch.setattr(shaped_link, "server_paused", recording_pause(paused))
     monkeypatch.setattr(shaped_link, "_hub", hub)
     links = over_slow_link("hooks", [0, 50], hook_steps=3)
-    assert seen == [True] and not paused
     assert links == [{"rate_mbit": 0, "rows": {"rate": 0.0}},
                      {"rate_mbit": 50, "rows": {"rate": 50.0}}]
+    shaped_link.run_pair("course_lib.communication.scaling_link:scaling_rank", [(0, {})],
+                         mode="root")
+    assert seen == [True, True] and not paused

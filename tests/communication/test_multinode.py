@@ -1,7 +1,6 @@
 """Chapter 5: the same DDP script on 2 "nodes" (two torchrun agents) equals one process."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ from course_lib.launcher import launch
 from course_lib.launcher import torchrun as torchrun_module
 from course_lib.communication.multinode import (SCRIPT, netns_available, reference_params,
                                                 run_two_nodes, two_namespaces, two_node_commands)
+from tests.communicating_less.test_slow_link import recording_pause
 from tests.launcher.test_torchrun_store import _refusing_env
 
 
@@ -93,19 +93,11 @@ def test_the_agents_start_with_the_warm_server_paused(monkeypatch):
     beside them only adds to the peak, so they start inside ``server_paused``."""
     seen, paused = [], []
 
-    @contextlib.contextmanager
-    def pause():
-        paused.append(True)
-        try:
-            yield
-        finally:
-            paused.pop()
-
     def launch_(*args, **kwargs):
         seen.append(bool(paused))
         raise RuntimeError("stopped by the test")
 
-    monkeypatch.setattr(multinode, "server_paused", pause)
+    monkeypatch.setattr(multinode, "server_paused", recording_pause(paused))
     monkeypatch.setattr(multinode, "_launch", launch_)
     with pytest.raises(RuntimeError, match="stopped by the test"):
         run_two_nodes()
