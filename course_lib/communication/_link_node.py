@@ -1,28 +1,19 @@
-"""The processes behind :func:`course_lib.communication.link_sweep.link_sweep`: a hub, two nodes.
+"""What each node of :func:`course_lib.communication.link_sweep.link_sweep` runs: one phase.
 
-The hub (``python -m course_lib.communication._link_node hub``, started by ``link_sweep`` under
-``unshare --net``, plus ``--user --map-root-user`` for a normal user) reads the sweep's
-parameters as one JSON line on stdin, starts two nodes, each under ``unshare --net`` in a
-network namespace of its own, joins them with a veth pair (10.99.0.1 and 10.99.0.2), shapes both
-ends with ``tc``, and drives the phases: the unthrottled link (first and last) and every
-requested setting, one phase per strategy; each result goes back as a JSON line on stdout.
-A node holds its namespace: when it exits, the namespace and its veth end vanish. Both kinds of
-process die with their parent (``PR_SET_PDEATHSIG``), so a killed kernel leaves none behind.
-The mechanics (namespaces, veth, ``tc``, the node processes) live in
-:mod:`course_lib.launcher.netns`, shared with chapter 02's overlap measurement.
+:func:`sweep_phase` is the target the sweep hands to
+:func:`course_lib.launcher.shaped_link.run_pair` (the course's one hub for shaped links), once per
+(link setting, strategy): a training step of DDP or FSDP2 timed after a warm-up, beside the same
+step without communication, and the bytes this node's end of the veth sent meanwhile. The GPU path runs
+:func:`strategy_phase` in plain ranks of ``course_lib.run`` (no namespace, no wire counter).
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import sys
 import time
 
-from course_lib.launcher.netns import (  # noqa: F401 - the mechanics, kept importable here
-    ADDRS, Nodes, _in, _sh, die_with_parent, shape, tx_bytes, wire)
+from course_lib.launcher.netns import tx_bytes
 
-_Nodes = Nodes
 
 def _batch(sizes, batch, seed, rank, device):
     import torch
@@ -133,66 +124,8 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
     return {"times": times, "compute_s": compute, "tx": sent, **counted}
 
 
-def node_main() -> None:
-    """One node: wait for the hub to wire the namespace, join the group, run phases on demand."""
-    die_with_parent()
-    print(json.dumps({"ready": os.getpid()}), flush=True)
-    import torch  # while the hub wires the namespace
-    import torch.distributed as dist
-    import torch.distributed.fsdp  # noqa: F401
-    import course_lib.sharding.comm_counter  # noqa: F401
-    setup = json.loads(sys.stdin.readline())
-    os.environ["GLOO_SOCKET_IFNAME"] = setup["iface"]
-    torch.set_num_threads(setup["threads"])
-    dist.init_process_group("gloo", init_method=setup["init"], rank=setup["rank"], world_size=2)
-    print(json.dumps({"joined": setup["rank"]}), flush=True)
-    models: dict = {}  # per strategy, built and warmed up by its first (untimed) phase
-    for line in sys.stdin:
-        job = json.loads(line)
-        if job["phase"] == "stop":
-            break
-        out = strategy_phase(job["phase"], setup["sizes"], setup["batch"], job["steps"],
-                             setup["seed"], iface=setup["iface"], cache=models)
-        print(json.dumps(out), flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # gloo threads may abort a normal interpreter shutdown
-
-
-def hub_main() -> None:
-    """Build the two-node network, run every phase, print one JSON line per result."""
-    die_with_parent()
-    opts = json.loads(sys.stdin.readline())
-    start, tag = time.monotonic(), os.getpid()
-    nodes = Nodes("course_lib.communication._link_node")
-    try:
-        pids = [reply["ready"] for reply in nodes.receive()]
-        ifaces = wire(pids, tag)
-        for rank, iface in enumerate(ifaces):
-            nodes.send(rank, {"rank": rank, "iface": iface, "init": opts["init"],
-                              "sizes": opts["sizes"], "batch": opts["batch"], "seed": 0,
-                              "threads": opts["threads"]})
-        nodes.receive()
-        print(json.dumps({"joined_s": time.monotonic() - start}), flush=True)
-        for strategy in opts["strategies"]:  # imports, build, warm-up, payload count: not kept
-            nodes.ask({"phase": strategy, "steps": 1})
-        settings = list(dict.fromkeys([(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]))
-        if len(settings) > 1:  # the unthrottled base again at the end: load only adds time
-            settings.append((0, 0))
-        for rate, latency in settings:
-            for pid, iface in zip(pids, ifaces):
-                shape(pid, iface, rate, latency)
-            for strategy in opts["strategies"]:
-                ranks = nodes.ask({"phase": strategy, "steps": opts["steps"]})
-                print(json.dumps({"rate_mbit": rate, "latency_ms": latency, "strategy": strategy,
-                                  "ranks": ranks, "at_s": time.monotonic() - start}),
-                      flush=True)
-        for rank in range(2):
-            nodes.send(rank, {"phase": "stop"})
-        for proc in nodes.procs:
-            proc.wait(30)
-    finally:
-        nodes.close()
-
-
-if __name__ == "__main__":
-    {"hub": hub_main, "node": node_main}[sys.argv[1]]()
+def sweep_phase(strategy, sizes, batch, steps, cache: dict) -> dict:
+    """:func:`strategy_phase` on a node of the shaped link (seed 0), counting the bytes its end
+    of the veth (gloo's interface) sends."""
+    return strategy_phase(strategy, sizes, batch, steps, 0,
+                          iface=os.environ["GLOO_SOCKET_IFNAME"], cache=cache)

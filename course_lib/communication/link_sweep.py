@@ -12,21 +12,18 @@ local GPUs (no IP link there, so ``tc`` rates cannot apply).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil  # noqa: F401 - tests patch shutil.which through this module
 import statistics
-import subprocess
-import sys
-import tempfile
+import sys  # noqa: F401 - tests patch sys.platform through this module
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 from course_lib.communication.link_sweep_gpu import LINK as GPU_LINK, gpu_results
 from course_lib.launcher.netns import LinkUnavailable as LinkSweepUnavailable  # noqa: F401
-from course_lib.launcher.netns import _probe, availability, prefix as _prefix  # noqa: F401
+from course_lib.launcher.netns import availability
+from course_lib.launcher.shaped_link import run_pair
 
 __all__ = ["LinkRow", "LinkSweepUnavailable", "link_sweep", "availability", "predicted_bytes",
            "predicted_step", "DEFAULT_SIZES", "SWEEP_STRATEGIES", "STEP_FACTOR"]
@@ -126,28 +123,22 @@ def _validate(rates_mbit, strategies, latency_ms, steps) -> tuple[list[float], t
 
 
 def _run_hub(mode: str, opts: dict, timeout: float) -> list[dict]:
-    """Start the hub (:mod:`course_lib.communication._link_node`) in its namespace; its JSON lines."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    with tempfile.TemporaryDirectory(prefix="link_sweep_") as tmp:
-        os.chmod(tmp, 0o700)
-        opts = {**opts, "init": f"file://{tmp}/store"}
-        proc = subprocess.Popen([*_prefix(mode), sys.executable, "-m",
-                                 "course_lib.communication._link_node", "hub"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-        try:
-            out, err = proc.communicate(json.dumps(opts) + "\n", timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the link sweep did not finish within {timeout:g} s; its "
-                               "processes were stopped") from None
-        finally:
-            if proc.poll() is None:  # the nodes die with the hub (PR_SET_PDEATHSIG)
-                proc.kill()
-                proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the link sweep failed (exit {proc.returncode}):\n{err[-3000:]}")
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    """The sweep's phases as jobs of :func:`course_lib.launcher.shaped_link.run_pair`: per
+    strategy an untimed first phase (imports, build, warm-up, payload count), then every setting
+    (the unthrottled link first and, with others, last: load only adds time); one dict each."""
+    settings = list(dict.fromkeys([(0, 0)] + [(r, opts["latency_ms"]) for r in opts["rates"]]))
+    if len(settings) > 1:
+        settings.append((0, 0))
+    phases = [(0, 0, s, 1) for s in opts["strategies"]] + [
+        (rate, latency, s, opts["steps"]) for rate, latency in settings for s in opts["strategies"]]
+    jobs = [(rate, latency, {"strategy": s, "sizes": opts["sizes"], "batch": opts["batch"],
+                             "steps": steps}) for rate, latency, s, steps in phases]
+    results = run_pair("course_lib.communication._link_node:sweep_phase", jobs, mode=mode,
+                       threads=opts["threads"], pin=False, timeout=timeout, what="the link sweep")
+    warm = len(opts["strategies"])
+    return [{"rate_mbit": rate, "latency_ms": latency, "strategy": s,
+             "ranks": [r["result"] for r in ranks]}
+            for (rate, latency, s, _), ranks in zip(phases[warm:], results[warm:])]
 
 
 def _measured(res: dict) -> tuple[float, float, float | None]:
@@ -226,7 +217,7 @@ def link_sweep(rates_mbit: Sequence[float], strategies: Sequence[str] = SWEEP_ST
     opts = {"sizes": list(sizes), "batch": batch, "steps": steps, "rates": rates,
             "latency_ms": latency_ms, "strategies": list(strategies),
             "threads": max(1, devices.cpu_count() // 2)}
-    lines = _fastest_base([line for line in _run_hub(mode, opts, timeout) if "ranks" in line])
+    lines = _fastest_base(_run_hub(mode, opts, timeout))
     for line in lines:  # the hub measures the unthrottled base even when 0 is not asked for
         line["baseline_only"] = (line["rate_mbit"], line["latency_ms"]) not in \
             {(r, latency_ms) for r in rates}

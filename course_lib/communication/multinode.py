@@ -3,19 +3,18 @@
 Chapter 5 runs :mod:`course_lib.scripts.train_ddp` — a script that runs unchanged under one
 process or torchrun — the way a cluster does: one torchrun agent per node, ``--nnodes 2
 --node-rank 0/1``, meeting at a c10d rendezvous on node 0. Here both "nodes" are on this
-machine: on the loopback interface (127.0.0.1, a free port picked by the OS), or — where root
-may create network namespaces — in two namespaces joined by a veth pair (10.99.0.1 and
-10.99.0.2, addresses that exist only inside them), where ``tc`` can throttle the link to show a
-slow interconnect stretching every step.
-
-Each agent runs under :mod:`course_lib.launcher._reaper`, so a timeout or an error leaves no process
-behind; the namespaces are deleted on the way out, whatever happens.
+machine: on the loopback of a private network namespace (127.0.0.1, a free port; where the
+kernel refuses one, only with ``allow_shared_loopback=True``, as :func:`course_lib.torchrun`), or
+— as root — in two namespaces joined by a veth pair (10.99.0.1 and 10.99.0.2, addresses that
+exist only inside them; :func:`course_lib.launcher.netns.named_pair`), where ``tc`` can throttle
+the link to show a slow interconnect stretching every step. Each agent runs under
+:mod:`course_lib.launcher._reaper` (a timeout or an error leaves no process behind), with the
+warm rank server paused (they import torch themselves).
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,8 +25,12 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from course_lib.common.checks import is_int
-from course_lib.launcher import _reaper, devices
-from course_lib.launcher.torchrun import private_run_env, torchrun_command, warn_shared_network
+from course_lib.launcher import _reaper, devices, netns
+from course_lib.launcher.launch import server_paused
+from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK_RISK,
+                                          SharedLoopbackError, private_run_env,
+                                          shared_loopback_allowed, torchrun_command,
+                                          warn_shared_network)
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
            "run_single", "reference_params", "netns_available", "two_namespaces",
@@ -141,28 +144,43 @@ def _env(threads: int, extra: dict | None = None) -> dict:
 
 
 def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence[str] = (),
-                  timeout: float = 120.0) -> NodesResult:
-    """Run ``script`` as 2 nodes x ``nprocs_per_node`` ranks: two torchrun agents on loopback."""
+                  timeout: float = 120.0, *,
+                  allow_shared_loopback: bool | None = None) -> NodesResult:
+    """Run ``script`` as 2 nodes x ``nprocs_per_node`` ranks: two torchrun agents on loopback.
+
+    Node 0's agent gets a private network namespace and node 1's joins it. Where the kernel
+    refuses one, it raises :class:`~course_lib.launcher.torchrun.SharedLoopbackError` before any
+    agent starts, unless ``allow_shared_loopback=True`` (or ``COURSE_ALLOW_SHARED_LOOPBACK=1``):
+    then it warns and runs on the host's loopback, open to every local user.
+    """
     _validate(nprocs_per_node, script, timeout)
+    allow_shared_loopback = shared_loopback_allowed(allow_shared_loopback)
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
     threads = max(1, devices.usable_cores() // (2 * nprocs_per_node))
     env = _env(threads, private_run_env())  # one random rendezvous id for both agents
-    start = time.monotonic()
-    # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun);
-    # node 0 in a private network namespace where the kernel allows one, node 1 joins it
+    # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun)
     argv = [[sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
             for cmd in commands]
-    first, shared, inside = _launch(argv[0], env, net="private")
-    procs = [first]
-    try:
-        if shared:
-            warn_shared_network(shared)
-        procs.append(_launch(argv[1], env, net=None if shared else f"join:{inside}")[0])
-    finally:
-        if len(procs) < 2:  # node 1 could not start: node 0 would wait for it in vain
-            first.terminate()
-            first.wait(10)
-    outputs = _collect(procs, timeout)
+    with server_paused():  # 2 agents and their workers import torch: no idle server beside them
+        start = time.monotonic()
+        first, shared, inside = _launch(argv[0], env, net="private" if allow_shared_loopback
+                                        else "private-only")
+        if shared and not allow_shared_loopback:  # the reaper started nothing and has ended
+            first.communicate(timeout=30)
+            raise SharedLoopbackError(
+                f"run_two_nodes: the kernel refused a private network namespace here ({shared}),"
+                f" and {SHARED_LOOPBACK_RISK}. No node was started. On a machine no one else uses, pass "
+                f"allow_shared_loopback=True (or set {ALLOW_SHARED_LOOPBACK}=1)")
+        procs = [first]
+        try:
+            if shared:
+                warn_shared_network(shared)
+            procs.append(_launch(argv[1], env, net=None if shared else f"join:{inside}")[0])
+        finally:
+            if len(procs) < 2:  # node 1 could not start: node 0 would wait for it in vain
+                first.terminate()
+                first.wait(10)
+        outputs = _collect(procs, timeout)
     _check(procs, outputs, "two-node run")
     return NodesResult(commands, outputs, time.monotonic() - start)
 
@@ -177,24 +195,11 @@ def run_single(script: str = SCRIPT, args: Sequence[str] = (), timeout: float = 
 
 
 def netns_available() -> tuple[bool, str]:
-    """Whether this process may create network namespaces and shape traffic; and why not."""
-    if not sys.platform.startswith("linux"):
-        return False, "network namespaces are Linux-only"
-    if os.geteuid() != 0:
-        return False, "creating network namespaces needs root"
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        return False, f"{' and '.join(missing)} not found (apt-get install iproute2)"
-    probe = f"cl5probe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return False, f"'ip netns add' was refused: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return True, "ok"
-
-
-def _ip(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+    """Whether this process may create named network namespaces and shape traffic; and why not."""
+    mode, why = netns.availability()
+    if mode is not None and mode != "root":
+        return False, "creating named network namespaces needs root"
+    return mode is not None, why
 
 
 @contextlib.contextmanager
@@ -202,40 +207,23 @@ def two_namespaces(rate_mbit: float | None = None) -> Iterator[list[tuple[str, s
     """Two namespaces joined by a veth pair; yields ``[(namespace, interface, address)] * 2``.
 
     ``rate_mbit`` throttles both ends with a token-bucket filter (``tc qdisc ... tbf``).
-    Addresses 10.99.0.1/2 exist only inside these namespaces; everything is deleted on exit.
+    Addresses 10.99.0.1/2 exist only inside these namespaces; everything is deleted on exit
+    (:func:`course_lib.launcher.netns.named_pair`).
     """
     ok, why = netns_available()
     if not ok:
-        raise RuntimeError(f"cannot build the two-node network here: {why}")
+        raise netns.LinkUnavailable(why)
     if rate_mbit is not None and rate_mbit <= 0:
         raise ValueError(f"rate_mbit must be positive, got {rate_mbit}")
-    tag = os.getpid()
-    nodes = [(f"cl5n{i}p{tag}", f"cl5v{i}p{tag}"[:15], f"10.99.0.{i + 1}") for i in range(2)]
-    created = []
-    try:
-        for ns, _, _ in nodes:
-            _ip("ip", "netns", "add", ns)
-            created.append(ns)
-        _ip("ip", "link", "add", nodes[0][1], "type", "veth", "peer", "name", nodes[1][1])
-        for ns, dev, addr in nodes:
-            _ip("ip", "link", "set", dev, "netns", ns)
-            _ip("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("ip", "-n", ns, "link", "set", dev, "up")
-            _ip("ip", "-n", ns, "link", "set", "lo", "up")
-            if rate_mbit is not None:
-                _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                    "rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "1s")
+    with netns.named_pair(f"5p{os.getpid()}", rate_mbit or 0.0) as nodes:
         yield nodes
-    finally:
-        for ns in created:  # deleting a namespace deletes its end of the veth pair too
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def run_two_nodes_netns(rate_mbit: float | None = None, script: str = SCRIPT,
                         args: Sequence[str] = (), timeout: float = 180.0) -> NodesResult:
     """Like :func:`run_two_nodes`, one rank per node, each node in its own network namespace."""
     _validate(1, script, timeout)
-    with two_namespaces(rate_mbit) as nodes:
+    with two_namespaces(rate_mbit) as nodes, server_paused():
         addrs = (nodes[0][2], nodes[1][2])
         commands = two_node_commands(script, 1, [str(a) for a in args], free_port(), addrs)
         threads = max(1, devices.usable_cores() // 2)

@@ -71,8 +71,11 @@ def _private_hosts(libc: ctypes.CDLL) -> None:
         os.rmdir(folder)
 
 
-def enter() -> str:
+def enter(as_root: bool = False) -> str:
     """Move this process into fresh network and mount namespaces; ``"root"`` or ``"user namespace"``.
+
+    ``as_root``: in a user namespace, map the user to root rather than to itself, so that the
+    commands it starts (``ip``, ``tc``) may build links there (the shaped link's hub).
 
     Raises :class:`Refused` (with the kernel's reason) where the kernel refuses both ways, and
     ``OSError`` if the namespaces were made but could not be set up (then do not go on).
@@ -85,8 +88,9 @@ def enter() -> str:
         _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
                "unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS)", Refused)
         _write("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        inside = (0, 0) if as_root else (uid, gid)
+        _write("/proc/self/uid_map", f"{inside[0]} {uid} 1")
+        _write("/proc/self/gid_map", f"{inside[1]} {gid} 1")
         mode = "user namespace"
     _loopback_up()
     try:

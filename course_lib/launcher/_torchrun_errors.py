@@ -27,6 +27,6 @@ class SharedLoopbackError(RuntimeError):
     """No private network namespace could be made, and the job was not allowed to run without."""
 
 
-_RISK = ("on the host's loopback every local user can connect to torchrun's stores (they have "
+SHARED_LOOPBACK_RISK = ("on the host's loopback every local user can connect to torchrun's stores (they have "
          "no authentication): TCPStore.list_keys() names every key, the rendezvous key "
          "included, and rewriting the pickled state stored there runs code as you in the agent")

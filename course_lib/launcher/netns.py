@@ -1,18 +1,18 @@
-"""A shaped link between two processes: network namespaces, a veth pair, ``tc`` (chapters 02, 05).
+"""A shaped link between two processes: network namespaces, a veth pair, ``tc`` (ch. 02, 05, 11).
 
 Two "nodes" (processes), each in a network namespace of its own, joined by a veth pair
 (10.99.0.1 and 10.99.0.2, jumbo frames) whose both ends ``tc`` shapes: a token bucket
 (``tbf``) for a rate, ``netem`` for a delay. gloo between them then pays real wire time for
-every byte, which compute can overlap (the CPU is free while a socket waits). A *hub* process,
-itself started in a fresh namespace, makes the nodes, wires the veth and drives them over
-stdin/stdout (JSON lines).
-:func:`availability` says whether namespaces can be made here (root: ``unshare --net``; a normal
-user: ``unshare --user --map-root-user --net``, where the kernel allows it). Hub and nodes die
-with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node. Chapter 05's link
-sweep (``communication/_link_node``) and :mod:`course_lib.launcher.shaped_link` build on this.
+every byte, which compute can overlap (the CPU is free while a socket waits). The hub that
+makes the nodes, wires the veth and drives them (JSON lines) is
+:mod:`course_lib.launcher.shaped_link`, the course's one; as root, :func:`named_pair` names two
+such namespaces for ``ip netns exec`` (chapter 05's torchrun nodes). :func:`availability` says
+whether namespaces can be made here (root, or a user namespace where the kernel allows one).
+Hub and nodes die with their parent (``PR_SET_PDEATHSIG``); a namespace vanishes with its node.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -23,9 +23,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from typing import Iterator
 
 __all__ = ["ADDRS", "LinkUnavailable", "availability", "die_with_parent", "tx_bytes", "shape",
-           "Nodes", "wire", "prefix", "MTU"]
+           "Nodes", "wire", "named_pair", "prefix", "MTU"]
 
 _PR_SET_PDEATHSIG = 1
 ADDRS = ("10.99.0.1", "10.99.0.2")
@@ -132,6 +134,43 @@ def wire(pids: list[int], tag: int) -> list[str]:
         _in(pid, "ip", "link", "set", iface, "mtu", str(MTU), "up")
         _in(pid, "ip", "link", "set", "lo", "up")
     return ifaces
+
+
+def _holder() -> subprocess.Popen:
+    """A process that only holds a network namespace of its own (it dies with this one)."""
+    proc = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], preexec_fn=die_with_parent)
+    ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):  # unshare execs sleep: the same pid, once inside
+            if os.readlink(f"/proc/{proc.pid}/ns/net") != ours:
+                return proc
+        time.sleep(0.01)
+    proc.kill()
+    raise RuntimeError(f"unshare --net did not make a namespace (exit {proc.wait()})")
+
+
+@contextlib.contextmanager
+def named_pair(tag: str, rate_mbit: float = 0.0) -> Iterator[list[tuple[str, str, str]]]:
+    """As root: two namespaces joined by :func:`wire`, both ends :func:`shape`-d to ``rate_mbit``
+    (0: unthrottled), named ``cl{tag}n0/1`` for ``ip netns exec``; yields ``[(name, interface,
+    address)] * 2``. Names, namespaces and the veth pair are gone on exit."""
+    holders, names = [], []
+    try:
+        for _ in range(2):
+            holders.append(_holder())
+        pids = [h.pid for h in holders]
+        ifaces = wire(pids, os.getpid())
+        for i, pid in enumerate(pids):
+            shape(pid, ifaces[i], rate_mbit)
+            names.append(f"cl{tag}n{i}")
+            _sh("ip", "netns", "attach", names[-1], str(pid))
+        yield list(zip(names, ifaces, ADDRS))
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        for holder in holders:  # the last holder gone, its namespace and veth end go too
+            holder.kill()
+            holder.wait()
 
 
 class Nodes:

@@ -1,15 +1,14 @@
-"""Run a course function on two ranks joined by a shaped link: real wire time for gloo's bytes.
+"""Run a course function over a shaped link: real wire time for gloo's bytes (chapters 02, 05, 11).
 
-:func:`run_pair` starts a hub in a network namespace (:mod:`course_lib.launcher.netns`), which
-starts two nodes, joins them with a veth pair and, per job, shapes both ends (``tc``: a rate in
-Mbit/s, 0 = unthrottled) and has both nodes call ``target(**kwargs, cache=...)``: a function of
-a ``course_lib`` module, named ``"course_lib.pkg.module:function"``, that runs inside an
-initialised gloo group (2 ranks, over the veth) and returns plain JSON data. ``cache`` is a dict
-a node keeps across jobs (a model built once). ``pin=True`` pins rank r to core r of the cores
-this process may use (one busy rank per core); where fewer than 2 are usable the ranks share
-one, and each result says which core its rank had. Chapter 02's overlap and chapter 05's
-scaling over a slow link use it; chapter 05's link sweep has its own protocol on the same
-mechanics.
+The course's one hub for shaped links. The *hub* (``python -m course_lib.launcher.shaped_link
+hub``) enters fresh network and mount namespaces (:func:`course_lib.launcher._private_net.enter`),
+reads its options as one JSON line and, per job ``(rate_mbit, latency_ms, kwargs)``, shapes the
+link (``tc``; rate 0 = unthrottled) and calls ``target(**kwargs, cache=...)``: a ``course_lib``
+function named ``"course_lib.pkg.module:function"`` returning JSON data (``cache``: a dict kept
+across jobs); one JSON line per job. :func:`run_pair`: two nodes joined by a veth pair
+(:mod:`~course_lib.launcher.netns`), the target in a gloo group of 2 ranks over it; ``pin=True``
+pins rank r to core r of the usable cores (with fewer than 2 they share one; each result says
+which). :func:`run_on_loopback`: the hub alone, its loopback shaped, the ``run`` ranks inside.
 """
 from __future__ import annotations
 
@@ -24,13 +23,16 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.launcher import _private_net
 from course_lib.launcher.devices import usable_cores
-from course_lib.launcher.netns import LinkUnavailable, Nodes, availability, die_with_parent, \
-    prefix, shape, wire
+from course_lib.launcher.launch import serve_from_here, server_paused
+from course_lib.launcher.netns import LinkUnavailable, MTU, Nodes, availability, \
+    die_with_parent, shape, wire
 
-__all__ = ["run_pair", "LinkUnavailable", "availability"]
+__all__ = ["run_pair", "run_on_loopback", "LinkUnavailable", "availability"]
 
 _TARGET = re.compile(r"course_lib(\.[A-Za-z_]\w*)+:[A-Za-z_]\w*")
+_PAIR = "the two ranks over the shaped link"
 
 
 def _resolve(target: str):
@@ -41,45 +43,76 @@ def _resolve(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def run_pair(target: str, jobs: Sequence[tuple[float, dict]], *, threads: int = 1,
-             pin: bool = True, timeout: float = 120.0) -> list[list]:
-    """Per job ``(rate_mbit, kwargs)``: the two ranks' results of ``target`` over that link.
+def _jobs(jobs: Sequence[tuple]) -> list[tuple[float, float, dict]]:
+    """``(rate, kwargs)`` or ``(rate, latency_ms, kwargs)`` items as ``(rate, latency, kwargs)``."""
+    out = [(float(job[0]), float(job[1]) if len(job) == 3 else 0.0, dict(job[-1]))
+           for job in jobs]
+    if not out or any(rate < 0 or latency < 0 for rate, latency, _ in out):
+        raise ValueError("jobs must be a non-empty list of (rate_mbit >= 0, [latency_ms >= 0,] "
+                         "kwargs)")
+    return out
 
-    Raises ``ValueError`` for bad input and :class:`LinkUnavailable` (with the reason) where no
-    namespace can be made, both before any process starts.
-    """
-    _resolve(target)  # bad names fail here, and the module's own import errors too
-    jobs = [(float(rate), dict(kwargs)) for rate, kwargs in jobs]
-    if not jobs or any(rate < 0 for rate, _ in jobs):
-        raise ValueError("jobs must be a non-empty list of (rate_mbit >= 0, kwargs)")
-    mode, reason = availability()
-    if mode is None:
-        raise LinkUnavailable(reason)
-    cores = sorted(os.sched_getaffinity(0))[:usable_cores()]
+
+def _hub(opts: dict, timeout: float, what: str) -> list[dict]:
+    """Start the hub with ``opts``; its JSON lines (``LinkUnavailable`` if it was refused)."""
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory(prefix="shaped_link_") as tmp:
         os.chmod(tmp, 0o700)
-        opts = {"init": f"file://{tmp}/store", "threads": threads, "pin": pin, "cores": cores,
-                "target": target, "jobs": jobs}
-        proc = subprocess.Popen([*prefix(mode), sys.executable, "-m",
-                                 "course_lib.launcher.shaped_link", "hub"],
+        proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher.shaped_link", "hub"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
         try:
-            out, err = proc.communicate(json.dumps(opts) + "\n", timeout=timeout)
+            out, err = proc.communicate(json.dumps({**opts, "init": f"file://{tmp}/store"})
+                                        + "\n", timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the two ranks over the shaped link did not finish within "
-                               f"{timeout:g} s; their processes were stopped") from None
+            raise TimeoutError(f"{what} did not finish within {timeout:g} s; their processes "
+                               "were stopped") from None
         finally:
             if proc.poll() is None:  # the nodes die with the hub (PR_SET_PDEATHSIG)
                 proc.kill()
                 proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the two ranks over the shaped link failed (exit {proc.returncode})"
-                           f":\n{err[-3000:]}")
-    return [json.loads(line)["ranks"] for line in out.splitlines() if line.startswith('{"job"')]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    refused = next((line["refused"] for line in lines if "refused" in line), None)
+    if refused:
+        raise LinkUnavailable(refused)
+    if proc.returncode != 0 or sum("job" in line for line in lines) != len(opts["jobs"]):
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return [line for line in lines if "job" in line]
+
+
+def run_pair(target: str, jobs: Sequence[tuple], *, threads: int = 1, pin: bool = True,
+             timeout: float = 120.0, what: str = _PAIR, mode: str | None = None) -> list[list]:
+    """Per job ``(rate_mbit, [latency_ms,] kwargs)``: the two ranks' results of ``target``.
+
+    Each rank's result is ``{"rank", "cores", "shared_core", "result"}``. Raises ``ValueError``
+    for bad input and :class:`LinkUnavailable` (with the reason) where no namespace can be made,
+    both before any process starts (``mode``: an :func:`availability` the caller already has).
+    The warm server is paused meanwhile (issue 50).
+    """
+    _resolve(target)  # bad names fail here, and the module's own import errors too
+    jobs = _jobs(jobs)
+    if mode is None:
+        delay = any(latency for _, latency, _ in jobs)  # then netem must exist too
+        mode, reason = availability(latency=True) if delay else availability()
+        if mode is None:
+            raise LinkUnavailable(reason)
+    cores = sorted(os.sched_getaffinity(0))[:usable_cores()]
+    opts = {"threads": threads, "pin": pin, "cores": cores, "target": target, "jobs": jobs}
+    with server_paused():  # hub and nodes import torch themselves: no idle server beside them
+        return [line["ranks"] for line in _hub(opts, timeout, what)]
+
+
+def run_on_loopback(target: str, jobs: Sequence[tuple], *, preload: Sequence[str] = (),
+                    timeout: float = 180.0, what: str = "the run over the shaped loopback") -> list:
+    """Per job: ``target``'s result with the hub's own loopback shaped (its ``run`` ranks, forked
+    inside the hub after it imported ``preload``, talk over it). :class:`LinkUnavailable` where
+    the kernel refuses a namespace; the warm server is paused meanwhile (issue 50)."""
+    _resolve(target)
+    opts = {"loopback": True, "target": target, "jobs": _jobs(jobs), "preload": list(preload)}
+    with server_paused():
+        return [line["ranks"][0] for line in _hub(opts, timeout, what)]
 
 
 def _cores_of(rank: int, threads: int, cores: list[int]) -> list[int]:
@@ -117,10 +150,8 @@ def node_main() -> None:
     os._exit(0)  # gloo threads may abort a normal interpreter shutdown
 
 
-def hub_main() -> None:
-    """Build the two-node network, run every job on its link, print one JSON line per job."""
-    die_with_parent()
-    opts = json.loads(sys.stdin.readline())
+def _pair(opts: dict, report) -> None:
+    """Two nodes joined by a veth pair, both ends shaped per job."""
     nodes = Nodes("course_lib.launcher.shaped_link")
     try:
         pids = [reply["ready"] for reply in nodes.receive()]
@@ -129,19 +160,47 @@ def hub_main() -> None:
             nodes.send(rank, {"rank": rank, "iface": iface, **{k: opts[k] for k in (
                 "init", "threads", "pin", "cores", "target")}})
         nodes.receive()
-        start = time.monotonic()
-        for index, (rate, kwargs) in enumerate(opts["jobs"]):
+        for index, (rate, latency, kwargs) in enumerate(opts["jobs"]):
             for pid, iface in zip(pids, ifaces):
-                shape(pid, iface, rate)
-            ranks = nodes.ask({"kwargs": kwargs})
-            print(json.dumps({"job": index, "rate_mbit": rate, "ranks": ranks,
-                              "at_s": time.monotonic() - start}), flush=True)
+                shape(pid, iface, rate, latency)
+            report(index, rate, latency, nodes.ask({"kwargs": kwargs}))
         for rank in range(2):
             nodes.send(rank, {"stop": True})
         for proc in nodes.procs:
             proc.wait(30)
     finally:
         nodes.close()
+
+
+def _loopback(opts: dict, report) -> None:
+    """The hub alone: its loopback gets the veth's MTU and, per job, the shaping."""
+    subprocess.run(["ip", "link", "set", "lo", "mtu", str(MTU)], check=True)
+    fn = _resolve(opts["target"])
+    for module in opts["preload"]:
+        importlib.import_module(module)
+    serve_from_here()  # ranks forked from this process: no second interpreter imports torch
+    cache: dict = {}
+    for index, (rate, latency, kwargs) in enumerate(opts["jobs"]):
+        shape(os.getpid(), "lo", rate, latency)
+        report(index, rate, latency, [fn(**kwargs, cache=cache)])
+
+
+def hub_main() -> None:
+    """Enter a namespace, build the link, run every job on it, print one JSON line per job."""
+    die_with_parent()
+    opts = json.loads(sys.stdin.readline())
+    try:
+        _private_net.enter(as_root=True)
+    except _private_net.Refused as exc:
+        print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
+        return
+    start = time.monotonic()
+
+    def report(index: int, rate: float, latency: float, ranks: list) -> None:
+        print(json.dumps({"job": index, "rate_mbit": rate, "latency_ms": latency, "ranks": ranks,
+                          "at_s": time.monotonic() - start}), flush=True)
+
+    (_loopback if opts.get("loopback") else _pair)(opts, report)
 
 
 if __name__ == "__main__":

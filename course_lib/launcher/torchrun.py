@@ -29,12 +29,25 @@ from typing import Sequence
 import torch.distributed as dist
 
 from course_lib.launcher import _reaper, devices, progress
-from course_lib.launcher._torchrun_errors import _RISK, SharedLoopbackError, TorchrunError
+from course_lib.launcher._torchrun_errors import (SHARED_LOOPBACK_RISK, SharedLoopbackError,
+                                                  TorchrunError)
 
 __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError",
-           "SharedLoopbackError", "ALLOW_SHARED_LOOPBACK"]
+           "SharedLoopbackError", "ALLOW_SHARED_LOOPBACK", "SHARED_LOOPBACK_RISK",
+           "shared_loopback_allowed"]
 
 ALLOW_SHARED_LOOPBACK = "COURSE_ALLOW_SHARED_LOOPBACK"  # =1: the opt-in, for a whole session
+
+
+
+def shared_loopback_allowed(flag: bool | None) -> bool:
+    """The learner's opt-in to the host's loopback: ``flag``, or ``COURSE_ALLOW_SHARED_LOOPBACK=1``."""
+    if flag is None:
+        return os.environ.get(ALLOW_SHARED_LOOPBACK) == "1"
+    if type(flag) is not bool:
+        raise TypeError(f"allow_shared_loopback must be True or False, got {flag!r}")
+    return flag
+
 
 _PREFIX = re.compile(rb"^\[(?:default|[a-z_]+)(\d+)\]:(?:\[rank\d+\]:)?")
 
@@ -96,15 +109,11 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     ``COURSE_ALLOW_SHARED_LOOPBACK=1``): then it warns and runs on the host's loopback, where
     every local user can list the stores' keys and run code as you (a machine of your own only).
     """
-    devices.plan(nprocs)  # same limits and messages as run()
+    devices.place(nprocs)  # same limits and messages as run()
     devices.validate_timeout(timeout)
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
-    if allow_shared_loopback is None:
-        allow_shared_loopback = os.environ.get(ALLOW_SHARED_LOOPBACK) == "1"
-    elif type(allow_shared_loopback) is not bool:
-        raise TypeError(f"allow_shared_loopback must be True or False, got "
-                        f"{allow_shared_loopback!r}")
+    allow_shared_loopback = shared_loopback_allowed(allow_shared_loopback)
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
     # the job gets a private temp folder, removed afterwards (with what the workers left there)
     from course_lib.launcher.launch import server_paused  # no idle rank server beside torchrun
@@ -135,7 +144,7 @@ def _torchrun(target: str, nprocs: int, args: Sequence[str], max_restarts: int, 
         proc.communicate(timeout=30)
         raise SharedLoopbackError(
             f"course_lib.torchrun: the kernel refused a private network namespace here "
-            f"({shared}), and {_RISK}. The job was not started. On a machine no one else uses, "
+            f"({shared}), and {SHARED_LOOPBACK_RISK}. The job was not started. On a machine no one else uses, "
             "pass allow_shared_loopback=True (or set COURSE_ALLOW_SHARED_LOOPBACK=1); on a "
             "shared one, ask for user namespaces (docs/architecture.md, Trust boundary)")
     if shared:
@@ -189,7 +198,7 @@ def warn_shared_network(reason: str) -> None:
     _WARNED.append(reason)
     warnings.warn(f"course_lib: no private network namespace here ({reason}): torchrun's "
                   f"stores listen on 127.0.0.1, and "
-                  f"{_RISK}. Fine on a machine of your own only; see the trust boundary in "
+                  f"{SHARED_LOOPBACK_RISK}. Fine on a machine of your own only; see the trust boundary in "
                   "docs/architecture.md", RuntimeWarning, stacklevel=3)
 
 
@@ -247,7 +256,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
-    placement = devices.plan(world, backend, None) if world <= devices.max_ranks() else None
+    placement = devices.place(world, backend, None) if world <= devices.max_ranks() else None
     backend = backend or (placement.backend if placement else "gloo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", devices.loopback_interface()
                           if os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost")

@@ -6,13 +6,17 @@ import re
 import subprocess
 import warnings
 
+import psutil
 import pytest
 import torch
 
 from course_lib.communication import multinode
+from course_lib.launcher import launch
 from course_lib.launcher import torchrun as torchrun_module
 from course_lib.communication.multinode import (SCRIPT, netns_available, reference_params,
                                                 run_two_nodes, two_namespaces, two_node_commands)
+from tests.communicating_less.test_slow_link import recording_pause
+from tests.launcher.test_torchrun_store import _refusing_env
 
 
 def test_two_node_run_equals_one_process(tmp_path):
@@ -43,11 +47,61 @@ def test_both_nodes_meet_in_one_private_network(tmp_path, monkeypatch):
     monkeypatch.setattr(torchrun_module, "_WARNED", [], raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        two = run_two_nodes(script=str(script), timeout=180)
+        two = run_two_nodes(script=str(script), timeout=180, allow_shared_loopback=True)
     nets = {re.search(r"network (\S+) world 2 sum 1", text).group(1) for text in two.outputs}
     assert len(nets) == 1, two.outputs
     shared = [w for w in caught if "no private network namespace" in str(w.message)]
     assert (nets == {os.readlink("/proc/self/ns/net")}) == bool(shared), (nets, shared)
+
+
+WHERE = ("import os, torch, torch.distributed as dist\n"
+         "from course_lib.launcher.torchrun import init_distributed\n"
+         "rank, world = init_distributed()\n"
+         "open(os.path.join({folder!r}, str(rank)), 'w').close()\n"
+         "print('network', os.readlink('/proc/self/ns/net'), 'world', world)\n")
+
+
+def test_where_namespaces_are_refused_no_node_starts_unless_the_learner_opts_in(tmp_path,
+                                                                              monkeypatch):
+    """Issue 49: no store on the host's loopback by default (what another user could do is said);
+    with the opt-in both agents run there, after the warning."""
+    script, folder = tmp_path / "where.py", tmp_path / "ran"
+    script.write_text(WHERE.format(folder=str(folder)))
+    folder.mkdir()
+    monkeypatch.delenv(torchrun_module.ALLOW_SHARED_LOOPBACK, raising=False)
+    monkeypatch.setenv("PYTHONPATH", _refusing_env(tmp_path)["PYTHONPATH"])
+    with pytest.raises(torchrun_module.SharedLoopbackError,
+                       match=r"simulated by the test.*list_keys\(\) names every key.*runs code as "
+                             r"you.*No node was started.*allow_shared_loopback=True"):
+        run_two_nodes(script=str(script), timeout=60)
+    assert not list(folder.iterdir()), "a rank ran although the job was refused"
+    server = launch._SERVERS._server  # this process's warm rank server, if any
+    own = {server.proc.pid} if server is not None and server.alive() else set()
+    assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in own], \
+        "the refused run left a process"
+    monkeypatch.setenv(torchrun_module.ALLOW_SHARED_LOOPBACK, "1")
+    monkeypatch.setattr(torchrun_module, "_WARNED", [])
+    with pytest.warns(RuntimeWarning, match="simulated by the test.*list_keys"):
+        two = run_two_nodes(script=str(script), timeout=180)
+    here = os.readlink("/proc/self/ns/net")
+    assert all(f"network {here} world 2" in text for text in two.outputs), two.outputs
+    assert sorted(os.listdir(folder)) == ["0", "1"]
+
+
+def test_the_agents_start_with_the_warm_server_paused(monkeypatch):
+    """Issue 50: the agents and their workers import torch themselves; an idle warm server
+    beside them only adds to the peak, so they start inside ``server_paused``."""
+    seen, paused = [], []
+
+    def launch_(*args, **kwargs):
+        seen.append(bool(paused))
+        raise RuntimeError("stopped by the test")
+
+    monkeypatch.setattr(multinode, "server_paused", recording_pause(paused))
+    monkeypatch.setattr(multinode, "_launch", launch_)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        run_two_nodes()
+    assert seen == [True] and not paused
 
 
 def test_two_node_commands_share_one_rendezvous():
