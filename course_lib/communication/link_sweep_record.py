@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Sequence
 
-from course_lib.common.recorded import _cpu_model
+from course_lib.common.recorded import cpu_model
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
                                                  availability, link_sweep, rows_to_dicts)
 
@@ -54,7 +54,7 @@ def record(path: str | Path = RECORDED_PATH, rates: Sequence[float] = RECORD_RAT
     from course_lib.launcher.devices import cpu_count
 
     rows = link_sweep(rates, latency_ms=latency_ms, steps=steps)
-    meta = {"cpu": _cpu_model(), "cores": cpu_count(), "torch": torch.__version__,
+    meta = {"cpu": cpu_model(), "cores": cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "kernel": platform.release(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "mode": availability()[0], "load_1min": round(os.getloadavg()[0], 1),
