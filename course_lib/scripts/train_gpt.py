@@ -14,14 +14,14 @@ torch sees CUDA, on the CPU with gloo otherwise; ``cpu`` or ``cuda`` forces one.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import tomllib
 
 import torch
 
-from course_lib.capstone.measure import validate_run, dp_size
+from course_lib.capstone.measure import validate_run
 from course_lib.capstone.train import DEVICE_CHOICES, pick_device, train_rank
+from course_lib.composition.layout import Layout
 from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
 from course_lib.launcher.torchrun import init_distributed
 
@@ -34,13 +34,13 @@ DEFAULTS = {"preset": "tiny", "steps": 12, "batch_size": 8, "lr": 3e-3, "seed": 
 
 def parse_layout(text: str) -> dict[str, int]:
     """``"dp_shard=2,tp=2"`` -> ``{"dp_shard": 2, "tp": 2}``; ``""`` -> ``{}``."""
-    layout = {}
+    pairs = []
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, sep, size = item.partition("=")
         if not sep or not size.isdigit():
             raise ValueError(f"bad layout item {item!r}: expected name=size, e.g. dp_shard=2")
-        layout[name.strip()] = int(size)
-    return layout
+        pairs.append((name.strip(), int(size)))
+    return dict(pairs)
 
 
 def read_config(path: str) -> dict:
@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
             options[key] = parse_layout(value) if key == "layout" else value
     options["faults"], options["out"] = parse_faults(args.faults), args.out
     options["device"], options["backend"] = pick_device(args.device,
-                                                        pipeline="pp" in options["layout"])
+                                                        pipeline=Layout.parse(
+                                                            options["layout"], ranks=None).pp > 1)
     return options
 
 
@@ -93,13 +94,12 @@ def main(argv: list[str] | None = None) -> dict:
     layout, config = validate_run(o["layout"], o["preset"], o["steps"], o["batch_size"],
                                o["ckpt_dir"] or None)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if math.prod(layout.values()) != world:
-        raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
-                         f"torchrun started {world}")
+    if layout.world != world:
+        raise SystemExit(f"layout {layout} needs {layout.world} ranks, torchrun started {world}")
     if o["device"] == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per local rank
     rank, _ = init_distributed(o["backend"])
-    result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // dp_size(layout),
+    result = train_rank(config, layout, o["steps"], batch_size=o["batch_size"] // layout.dp_size,
                         lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
                         ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
                         faults=o["faults"], device=o["device"])
