@@ -19,7 +19,7 @@ from course_lib.common.models import GPTConfig
 from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
 from course_lib.composition.layout import Layout
 from course_lib.memory.predict import activation_terms, batch_bytes
-from course_lib.pipeline_parallel.measure import bubble_formula
+from course_lib.pipeline_parallel.formulas import bubble_formula
 
 __all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
            "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
