@@ -18,13 +18,11 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.capstone.predict import predict_peak, predict_step_time
+from course_lib.capstone.predict import predict_rank, slowest_step
 from course_lib.capstone.train import machine_constants, rank_entry
-from course_lib.communication.alphabeta import AlphaBeta
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layout import DENSE, MAX_RANKS, Layout
-from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes
 from course_lib.composition.records import Record
 from course_lib.fault_tolerance.training import Fault
 from course_lib.launcher.devices import plan, usable_cores
@@ -127,29 +125,20 @@ def measure_constants(world: int = 2) -> dict:
     return run(machine_constants, world, timeout=120, threads=1)[0]
 
 
-def _step_prediction(config, layout, batch_size, flops, ranks, constants) -> dict:
-    """The slowest rank's predicted step (:func:`~course_lib.capstone.predict.predict_step_time`)."""
-    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
-    times = [predict_step_time(config, layout, batch_size, flops, b, constants["matmul_peak"],
-                               link) for b in ranks]
-    return max(times, key=lambda t: t["step_s"])
-
-
 def predict_run(layout: Layout | dict, preset: str | GPTConfig = "small", batch_size: int = 8,
-                constants: dict | None = None) -> RunPrediction:
+                constants: dict | None = None, *, steps: int = 1,
+                ckpt_dir: str | Path | None = None) -> RunPrediction:
     """Before any process starts: per rank the predicted model-state bytes (params, grads,
     optimizer, model_states) and peak bytes, and the FLOPs of one step on the global batch;
-    with ``constants`` (:func:`measure_constants`) also ``step_predicted`` (seconds)."""
-    layout, config = validate_run(layout, preset, 1, batch_size)
-    stages = [layout.stage_of(r) if layout.pp > 1 else None for r in range(layout.world)]
-    ranks = [predict_gpt_bytes(config, layout) if st is None else predict_pp_bytes(config, layout, st)
-             for st in stages]
-    peaks = [predict_peak(config, layout, batch_size, b, st) for b, st in zip(ranks, stages)]
-    out = RunPrediction(layout, config, layout.world, ranks, peaks,
+    with ``constants`` (:func:`measure_constants`) also ``step_predicted`` (seconds).
+    ``steps`` and ``ckpt_dir`` are checked as :func:`train_gpt` would take them."""
+    layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
+    rows = [predict_rank(config, layout, batch_size, r) for r in range(layout.world)]
+    out = RunPrediction(layout, config, layout.world, [b for b, _ in rows], [p for _, p in rows],
                         step_flops(config, batch_size), batch_size * config.seq_len)
     if constants is not None:
-        out.step_predicted = _step_prediction(config, layout, batch_size, out.flops_per_step,
-                                              ranks, constants)
+        out.step_predicted = slowest_step(config, layout, batch_size, out.flops_per_step,
+                                          out.bytes_predicted, constants)
     return out
 
 
@@ -172,18 +161,17 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     and ``peak_predicted``. ``device``: ``None`` lets ``run`` choose (CUDA + NCCL with a GPU
     per rank, else CPU + gloo), ``"cpu"`` or ``"cuda"``.
     """
-    layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
-    predicted = predict_run(layout, config, batch_size)
-    placement = plan(layout.world, None, layout.default_device(device))  # "cuda" without a GPU
-    layout.check_device(placement.device)                               # fails here, before any process
+    predicted = predict_run(layout, preset, batch_size, steps=steps, ckpt_dir=ckpt_dir)
+    layout, config = predicted.layout, predicted.config
+    placement = plan(layout.world, None, layout.device_for(device))  # fails here, before any
     kwargs = {"batch_size": batch_size // layout.dp_size, "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
               "every": every, "faults": tuple(faults), "device": placement.device}
     results = run(rank_entry, layout.world, config, layout, steps, kwargs, timeout=timeout,
                   threads=1, device=placement.device, backend=placement.backend)
     first = results[0]
-    step = _step_prediction(config, layout, batch_size, predicted.flops_per_step,
-                            predicted.bytes_predicted, first)
+    step = slowest_step(config, layout, batch_size, predicted.flops_per_step,
+                        predicted.bytes_predicted, first)
     cores = min(layout.world, usable_cores())  # affinity mask and cgroup quota, not the host's count
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])

@@ -18,10 +18,11 @@ from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPTConfig
 from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
 from course_lib.composition.layout import Layout
+from course_lib.composition.layouts import predict_pp_bytes
 from course_lib.memory.predict import activation_terms, batch_bytes
 from course_lib.pipeline_parallel.formulas import bubble_formula
 
-__all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
+__all__ = ["predict_rank", "slowest_step", "predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
            "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
@@ -44,6 +45,15 @@ def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
     emb = v * h + config.seq_len * h if first else 0
     head = 2 * h + (0 if config.tie_weights and first else v * h) + (v if config.bias else 0)
     return FP32 * (emb + (head if last else 0))
+
+
+def predict_rank(config: GPTConfig, layout: Layout, batch_size: int, rank: int) -> tuple[dict, int]:
+    """Global ``rank``'s predicted model-state bytes (chapter 09's rule for its pipeline stage)
+    and its peak (:func:`predict_peak`) for a global batch of ``batch_size`` sequences."""
+    stage = layout.stage_of(rank)
+    states = predict_pp_bytes(config, layout, stage)
+    return states, predict_peak(config, layout, batch_size, states,
+                                stage if layout.pp > 1 else None)
 
 
 def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dict,
@@ -125,3 +135,13 @@ def predict_step_time(config: GPTConfig, layout: Layout, batch_size: int,
                                         for _, c, n, p, k in comm_per_step(config, layout,
                                                                            batch_size, states))
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
+
+
+def slowest_step(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
+                 ranks: list[dict], constants: dict) -> dict[str, float]:
+    """The slowest rank's :func:`predict_step_time` with this machine's ``constants``
+    (``matmul_peak``; ``link``: α, β, or ``None`` alone); ``ranks``: each rank's states."""
+    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
+    times = [predict_step_time(config, layout, batch_size, flops, b, constants["matmul_peak"],
+                               link) for b in ranks]
+    return max(times, key=lambda t: t["step_s"])

@@ -64,7 +64,7 @@ def pick_device(requested: str = "auto", cuda_available: bool | None = None,
 
 def build(config: GPTConfig, layout: Layout, seed: int, device: str = "cpu") -> dict:
     """This rank's model for ``layout`` (one rank: the plain GPT) and its place in the data."""
-    layout.check_device(device)
+    layout.device_for(device)  # a pipeline on a GPU: a ValueError
     if layout.pp > 1:
         return {"kind": "pp", **build_pp(config, layout, seed)}
     if layout.world == 1:

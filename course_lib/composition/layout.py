@@ -5,7 +5,7 @@ The mesh's named dimensions, outermost first: ``pp`` (pipeline stages), ``dp`` (
 split), ``ep`` (experts). A size of 1 is no dimension. :meth:`Layout.parse` turns a learner's dict
 into a ``Layout`` or raises a ``ValueError`` with the reason, before any process starts; every
 consumer then reads attributes (``world``, ``dp_size``, ``stage_of``), builds its mesh with
-:meth:`Layout.mesh` and asks :meth:`Layout.check_device` where it can run.
+:meth:`Layout.mesh` and asks :meth:`Layout.device_for` where it can run.
 """
 from __future__ import annotations
 
@@ -163,11 +163,9 @@ class Layout:
         """Inside a rank: the ``DeviceMesh`` of this layout (``init_device_mesh``)."""
         return init_device_mesh(device, self.shape, mesh_dim_names=self.names)
 
-    def default_device(self, requested: str | None) -> str | None:
-        """``"cpu"`` for a pipeline (when nothing was asked for), else ``requested``."""
-        return "cpu" if requested is None and self.pp > 1 else requested
-
-    def check_device(self, device: str) -> None:
-        """A ``ValueError`` if this layout cannot run on ``device`` (``"cpu"`` or ``"cuda"``)."""
-        if device != "cpu" and self.pp > 1:
+    def device_for(self, requested: str | None) -> str | None:
+        """The device to ask the launcher for: a pipeline's is ``"cpu"`` (``None`` chooses it; a
+        GPU is a ``ValueError``); any other layout's is ``requested`` (``None``: the launcher's)."""
+        if self.pp > 1 and requested not in (None, "cpu"):
             raise ValueError(f"{_CPU_ONLY}; use device 'cpu'")
+        return "cpu" if self.pp > 1 else requested

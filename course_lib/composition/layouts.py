@@ -90,15 +90,15 @@ def _states(row: dict) -> dict[str, int]:
 
 def predict_gpt_bytes(config: GPTConfig, layout: Layout) -> dict[str, int]:
     """One rank's params, grads, optimizer and model_states for a GPT layout without ``pp``
-    (fp32 Adam): split over ``tp``, FSDP-sharded over ``dp_shard``, whole under ``"dp"`` (DDP)."""
-    shapes = tp_shapes(config, layout.tp)
-    return _states(per_rank_bytes(shapes, "fsdp", layout.dp_shard)[0])
+    (fp32 Adam): :func:`predict_pp_bytes` of its one stage."""
+    return predict_pp_bytes(config, layout, 0)
 
 
 def predict_pp_bytes(config: GPTConfig, layout: Layout, stage: int) -> dict[str, int]:
-    """One rank's model-state bytes in pipeline ``stage``: its blocks (and the embeddings on the
-    first stage, ``ln_f`` and ``lm_head`` on the last), split over ``tp`` (Megatron's split of
-    the blocks) and FSDP-sharded over ``dp_shard`` (whole under ``"dp"``)."""
+    """One rank's model-state bytes in pipeline ``stage`` (without ``pp``: 0, the whole model):
+    its blocks (and the embeddings on the first stage, ``ln_f`` and ``lm_head`` on the last),
+    split over ``tp`` (Megatron's split of the blocks) and FSDP-sharded over ``dp_shard`` (whole
+    under ``"dp"``)."""
     pp, per = layout.pp, config.n_layer // layout.pp
 
     def where(name: str) -> int:

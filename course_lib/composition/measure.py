@@ -22,7 +22,7 @@ from course_lib.composition.compose import local_bytes, state_bytes, train_2d
 from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
                                            cp_predicted_bytes)
 from course_lib.composition.layout import MOE, Layout
-from course_lib.composition.layouts import predict_gpt_bytes, predict_moe_bytes, predict_pp_bytes
+from course_lib.composition.layouts import predict_moe_bytes, predict_pp_bytes
 from course_lib.composition.moe import MoE, ep_forward
 from course_lib.composition.pipeline import train_pp
 from course_lib.composition.records import Record
@@ -193,8 +193,7 @@ def run_parallel(layout: Layout | dict, *, preset: str = "tiny", steps: int = 2,
         raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
     results = run(_rank_2d, layout.world, config, layout, steps, batch)
     single, losses = single_gpt(config, steps, batch, layout.dp_size)
-    predicted = [predict_pp_bytes(config, layout, layout.stage_of(r["rank"])) if layout.pp > 1
-                 else predict_gpt_bytes(config, layout) for r in results]
+    predicted = [predict_pp_bytes(config, layout, layout.stage_of(r["rank"])) for r in results]
     return _report(layout, results, single, losses, predicted)
 
 

@@ -23,11 +23,10 @@ def test_a_layout_knows_its_ranks_data_parallel_size_and_stages():
 
 def test_a_pipeline_runs_on_the_cpu_only():
     pipe, flat = Layout(pp=2, dp_shard=2), Layout(dp_shard=2)
-    assert pipe.default_device(None) == "cpu" and flat.default_device(None) is None
-    flat.check_device("cuda")
-    pipe.check_device("cpu")
+    assert pipe.device_for(None) == pipe.device_for("cpu") == "cpu"
+    assert flat.device_for(None) is None and flat.device_for("cuda") == "cuda"
     with pytest.raises(ValueError, match="pipeline layouts run on the CPU"):
-        pipe.check_device("cuda")
+        pipe.device_for("cuda")
 
 
 def test_a_layout_is_frozen_and_its_sizes_positive():
