@@ -153,8 +153,8 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     every layout, so their curves can be compared), split over the data-parallel ranks. With
     ``ckpt_dir``, the run resumes from the newest checkpoint there and saves one every ``every``
     steps. Returns a :class:`TrainReport`: ``losses``, ``val_losses`` ([step, loss]),
-    ``tokens_per_s``, ``mfu``, ``step_seconds`` (median), ``step_predicted`` (compute, comm and step seconds from the
-    constants the ranks measured before their first step: ``matmul_peak``, FLOP/s of one
+    ``tokens_per_s``, ``mfu``, ``step_seconds`` (median), ``step_predicted`` (compute, comm
+    and step seconds from the constants the ranks measured before their first step: ``matmul_peak``, FLOP/s of one
     thread, and ``link``, α and β) and ``step_ratio`` (measured / predicted), ``flops_per_step``,
     ``cores``, ``params`` (dense) and ``ranks``: per rank ``bytes_measured`` and
     ``bytes_predicted``, ``peak_measured`` (the second step's peak; ``None`` after one step)
@@ -172,7 +172,7 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     first = results[0]
     step = slowest_step(config, layout, batch_size, predicted.flops_per_step,
                         predicted.bytes_predicted, first)
-    cores = min(layout.world, usable_cores())  # affinity mask and cgroup quota, not the host's count
+    cores = min(layout.world, usable_cores())  # affinity mask and cgroup quota, not the host's
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])
     achieved = predicted.flops_per_step * ran / train_s if ran else 0.0

@@ -22,7 +22,8 @@ from course_lib.composition.layouts import predict_pp_bytes
 from course_lib.memory.predict import activation_terms, batch_bytes
 from course_lib.pipeline_parallel.formulas import bubble_formula
 
-__all__ = ["predict_rank", "slowest_step", "predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
+__all__ = ["predict_rank", "slowest_step", "predict_peak", "root_bytes", "comm_per_step",
+           "collective_seconds",
            "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25

@@ -21,7 +21,8 @@ from course_lib.common.training import make_optimizer
 from course_lib.composition.layout import MESH_ORDER, Layout
 from course_lib.tensor_parallel.layers import dtensor_block, qkv_rows
 
-__all__ = ["MESH_ORDER", "build_2d", "data_parallel", "train_2d", "local_bytes", "state_bytes", "dense_params"]
+__all__ = ["MESH_ORDER", "build_2d", "data_parallel", "train_2d", "local_bytes", "state_bytes",
+           "dense_params"]
 
 
 def build_2d(config: GPTConfig, layout: Layout, seed: int = 0, device: str = "cpu"):
@@ -35,7 +36,8 @@ def build_2d(config: GPTConfig, layout: Layout, seed: int = 0, device: str = "cp
     model = GPT(config).to(device)
     if layout.tp > 1:
         model.blocks = torch.nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
-    return mesh, data_parallel(model, model.blocks, layout, mesh), layout.dp_index(mesh), layout.dp_size
+    model = data_parallel(model, model.blocks, layout, mesh)
+    return mesh, model, layout.dp_index(mesh), layout.dp_size
 
 
 def data_parallel(model: torch.nn.Module, blocks, layout: Layout, mesh) -> torch.nn.Module:

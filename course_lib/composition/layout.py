@@ -68,7 +68,7 @@ class Layout:
         for name in MESH_ORDER:
             size = getattr(self, name)
             if not is_int(size) or size < 1:
-                raise ValueError(f"layout size of {name!r} must be a positive integer, got {size!r}")
+                raise ValueError(f"size of {name!r} must be a positive integer, got {size!r}")
 
     @classmethod
     def parse(cls, spec: Layout | Mapping | None, config=None, *, ranks: tuple = (2, MAX_RANKS),
@@ -106,7 +106,7 @@ class Layout:
         if config.n_head % self.tp:
             raise ValueError(f"tp={self.tp} must divide the {config.n_head} attention heads")
         if checked and self.pp not in (1, 2):
-            raise ValueError(f"pp={self.pp}: the hand-written pipeline of this chapter has 2 stages")
+            raise ValueError(f"pp={self.pp}: the hand-written pipeline of chapter 09 has 2 stages")
         if checked and config.n_layer % self.pp:
             raise ValueError(f"pp={self.pp} must divide the {config.n_layer} layers")
         if config.seq_len % self.cp:
