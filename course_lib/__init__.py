@@ -72,6 +72,7 @@ for _module, _names in {
     "deepspeed.load": ["deepspeed_status"],
     # 09 composing parallelisms
     "composition.measure": ["run_parallel"],
+    "composition.layout": ["Layout"],
     # 10 debugging distributed runs
     "debugging.divergence": ["first_divergence"],
     "debugging.health": ["all_finite", "nonfinite_ranks", "step_times", "stragglers"],

@@ -16,6 +16,7 @@ import json
 import shlex
 
 from course_lib.common.checks import positive_int
+from course_lib.composition.layout import Layout
 from course_lib.launcher.torchrun import cluster_command
 
 __all__ = ["SCRIPT", "GPU_NOTE", "script_args", "slurm_script", "trainjob_manifest"]
@@ -25,10 +26,10 @@ GPU_NOTE = ("# train_gpt.py --device auto (its default): each rank trains on GPU
             "joins with NCCL;\n# on a node where torch sees no GPU it falls back to CPU + gloo")
 
 
-def script_args(layout: dict[str, int], preset: str = "small", steps: int = 1000,
+def script_args(layout: Layout | dict, preset: str = "small", steps: int = 1000,
                 ckpt_dir: str = "/shared/ckpt/train_gpt", every: int = 100) -> list[str]:
     """The script's arguments for ``layout`` (its sizes multiply to nodes × GPUs per node)."""
-    text = ",".join(f"{k}={v}" for k, v in layout.items())
+    text = ",".join(f"{k}={v}" for k, v in Layout.parse(layout, ranks=None).sizes().items())
     return ["--layout", text, "--preset", preset, "--steps", str(steps), "--every", str(every),
             "--ckpt-dir", ckpt_dir]
 

@@ -10,57 +10,100 @@ PaLM's MFU (appendix B) counts attention and divides by the theoretical peak: no
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 import statistics
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.capstone.predict import predict_peak, predict_step_time
+from course_lib.capstone.predict import predict_rank, slowest_step
 from course_lib.capstone.train import machine_constants, rank_entry
-from course_lib.communication.alphabeta import AlphaBeta
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
-from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes, validate_layout
+from course_lib.composition.layout import DENSE, MAX_RANKS, Layout
+from course_lib.composition.records import Record
 from course_lib.fault_tolerance.training import Fault
-from course_lib.launcher.devices import plan, usable_cores
+from course_lib.launcher.devices import place, usable_cores
 from course_lib.launcher.launch import run
 
 __all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "measure_constants", "predict_run",
-           "train_gpt"]
+           "train_gpt", "RunPrediction", "TrainReport", "RankRun"]
 
 #: the layouts the chapter runs (one process first)
 LAYOUTS = ({}, {"dp": 2}, {"dp_shard": 2}, {"tp": 2}, {"pp": 2}, {"dp_shard": 2, "tp": 2})
-_DIMS = {"dp", "dp_replicate", "dp_shard", "tp", "pp"}
 
 
-def dp_size(layout: dict[str, int]) -> int:
+@dataclasses.dataclass
+class RunPrediction(Record):
+    """What :func:`predict_run` says before any process starts: per rank the model-state bytes
+    (``params``, ``grads``, ``optimizer``, ``model_states``) and the peak; one step's FLOPs."""
+    layout: Layout
+    config: GPTConfig
+    world: int
+    bytes_predicted: list[dict]
+    peak_predicted: list[int]
+    flops_per_step: int
+    tokens_per_step: int
+    step_predicted: dict | None = None
+
+
+@dataclasses.dataclass
+class RankRun(Record):
+    """One rank of a :func:`train_gpt` run: its stage, bytes and peak, measured and predicted."""
+    rank: int
+    stage: int | None
+    bytes_measured: dict
+    bytes_predicted: dict
+    peak_measured: int | None
+    peak_predicted: int
+
+
+@dataclasses.dataclass
+class TrainReport(Record):
+    """What :func:`train_gpt` returns (see its docstring for each field)."""
+    layout: Layout
+    preset: GPTConfig
+    world: int
+    steps: int
+    losses: list[float]
+    val_losses: list
+    resumed_from: int | None
+    tokens_per_s: float
+    step_seconds: float
+    flops_per_step: int
+    matmul_peak: float
+    cores: int
+    mfu: float
+    link: tuple | None
+    step_predicted: dict
+    step_ratio: float
+    params: dict
+    device: str
+    backend: str
+    ranks: list[RankRun]
+
+
+def dp_size(layout: Layout | dict) -> int:
     """How many data-parallel coordinates (each reads its own part of the global batch)."""
-    return math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
+    return Layout.parse(layout, ranks=None).dp_size
 
 
 def validate_run(layout: object, preset: str | GPTConfig, steps: object, batch_size: object,
-              ckpt_dir: object = None) -> tuple[dict[str, int], GPTConfig]:
+                 ckpt_dir: object = None) -> tuple[Layout, GPTConfig]:
     """The layout and config, or a ``ValueError`` saying what to change (no process started)."""
     config = get_config(preset)
-    if layout != {}:
-        layout = validate_layout(layout, config)
-        if not set(layout) <= _DIMS:
-            raise ValueError(f"layout {layout}: train_gpt trains the dense GPT on the dimensions "
-                             f"{sorted(_DIMS)}; chapter 09 runs 'ep' and 'cp' on their own")
+    layout = Layout.parse(layout, config, ranks=(1, MAX_RANKS), dims=DENSE)
     positive_int(steps, "steps")
     positive_int(batch_size, "batch_size")
-    if batch_size % dp_size(layout):
+    if batch_size % layout.dp_size:
         raise ValueError(f"batch_size={batch_size} sequences per step must split evenly over the "
-                         f"{dp_size(layout)} data-parallel ranks of {layout}")
-    if ckpt_dir is not None and "pp" in layout:
+                         f"{layout.dp_size} data-parallel ranks of {layout}")
+    if ckpt_dir is not None and layout.pp > 1:
         raise ValueError("checkpoints of a pipeline layout are not supported here (each stage "
                          "holds other parameter names); use a data- or tensor-parallel layout")
-    return dict(layout), config
-
-
+    return layout, config
 @functools.lru_cache(maxsize=16)
 def step_flops(config: GPTConfig, batch_size: int) -> int:
     """FLOPs of one training step (forward, loss, backward) of the dense GPT on the global
@@ -82,94 +125,70 @@ def measure_constants(world: int = 2) -> dict:
     return run(machine_constants, world, timeout=120, threads=1)[0]
 
 
-def _step_prediction(config, layout, batch_size, flops, ranks, constants) -> dict:
-    """The slowest rank's predicted step (:func:`~course_lib.capstone.predict.predict_step_time`)."""
-    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
-    times = [predict_step_time(config, layout, batch_size, flops, b, constants["matmul_peak"],
-                               link) for b in ranks]
-    return max(times, key=lambda t: t["step_s"])
-
-
-def predict_run(layout: dict, preset: str | GPTConfig = "small", batch_size: int = 8,
-                constants: dict | None = None) -> dict:
+def predict_run(layout: Layout | dict, preset: str | GPTConfig = "small", batch_size: int = 8,
+                constants: dict | None = None, *, steps: int = 1,
+                ckpt_dir: str | Path | None = None) -> RunPrediction:
     """Before any process starts: per rank the predicted model-state bytes (params, grads,
     optimizer, model_states) and peak bytes, and the FLOPs of one step on the global batch;
-    with ``constants`` (:func:`measure_constants`) also ``step_predicted`` (seconds)."""
-    layout, config = validate_run(layout, preset, 1, batch_size)
-    world = math.prod(layout.values()) if layout else 1
-    if "pp" in layout:  # stage = the rank's pp coordinate (pp is the outermost mesh dimension)
-        per_stage = world // layout["pp"]
-        ranks = [predict_pp_bytes(config, layout, r // per_stage) for r in range(world)]
-        stages = [r // per_stage for r in range(world)]
-    else:
-        ranks, stages = [predict_gpt_bytes(config, layout or {"dp": 1})] * world, [None] * world
-    peaks = [predict_peak(config, layout, batch_size, b, st) for b, st in zip(ranks, stages)]
-    out = {"layout": layout, "world": world, "bytes_predicted": ranks, "peak_predicted": peaks,
-           "flops_per_step": step_flops(config, batch_size),
-           "tokens_per_step": batch_size * config.seq_len}
+    with ``constants`` (:func:`measure_constants`) also ``step_predicted`` (seconds).
+    ``steps`` and ``ckpt_dir`` are checked as :func:`train_gpt` would take them."""
+    layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
+    rows = [predict_rank(config, layout, batch_size, r) for r in range(layout.world)]
+    out = RunPrediction(layout, config, layout.world, [b for b, _ in rows], [p for _, p in rows],
+                        step_flops(config, batch_size), batch_size * config.seq_len)
     if constants is not None:
-        out["step_predicted"] = _step_prediction(config, layout, batch_size,
-                                                 out["flops_per_step"], ranks, constants)
+        out.step_predicted = slowest_step(config, layout, batch_size, out.flops_per_step,
+                                          out.bytes_predicted, constants)
     return out
 
 
-def train_gpt(layout: dict, *, preset: str | GPTConfig = "small", steps: int = 20,
+def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps: int = 20,
               batch_size: int = 8, lr: float = 3e-3, seed: int = 0,
               ckpt_dir: str | Path | None = None, every: int = 0, eval_every: int = 10,
               faults: tuple[Fault, ...] = (), timeout: float = 300.0,
-              device: str | None = None) -> dict:
+              device: str | None = None) -> TrainReport:
     """Train the course GPT on ``layout`` (``{}``: one process) on real ranks; report.
 
     ``batch_size`` is the global batch in sequences of the preset's ``seq_len`` (the same for
     every layout, so their curves can be compared), split over the data-parallel ranks. With
     ``ckpt_dir``, the run resumes from the newest checkpoint there and saves one every ``every``
-    steps. Returns ``losses``, ``val_losses`` ([step, loss]), ``tokens_per_s``, ``mfu``,
-    ``step_seconds`` (median), ``step_predicted`` (compute, comm and step seconds from the
-    constants the ranks measured before their first step: ``matmul_peak``, FLOP/s of one
+    steps. Returns a :class:`TrainReport`: ``losses``, ``val_losses`` ([step, loss]),
+    ``tokens_per_s``, ``mfu``, ``step_seconds`` (median), ``step_predicted`` (compute, comm
+    and step seconds from the constants the ranks measured before their first step: ``matmul_peak``, FLOP/s of one
     thread, and ``link``, α and β) and ``step_ratio`` (measured / predicted), ``flops_per_step``,
     ``cores``, ``params`` (dense) and ``ranks``: per rank ``bytes_measured`` and
     ``bytes_predicted``, ``peak_measured`` (the second step's peak; ``None`` after one step)
     and ``peak_predicted``. ``device``: ``None`` lets ``run`` choose (CUDA + NCCL with a GPU
     per rank, else CPU + gloo), ``"cpu"`` or ``"cuda"``.
     """
-    layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
-    predicted = predict_run(layout, config, batch_size)
-    world = predicted["world"]
-    if device is None and "pp" in layout:  # chapter 09's stages send CPU tensors
-        device = "cpu"
-    placement = plan(world, None, device)  # "cuda" without a GPU fails here, before any process
-    if placement.device == "cuda" and "pp" in layout:
-        raise ValueError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "
-                         "tensors); use device='cpu'")
-    kwargs = {"batch_size": batch_size // dp_size(layout), "lr": lr, "seed": seed,
+    predicted = predict_run(layout, preset, batch_size, steps=steps, ckpt_dir=ckpt_dir)
+    layout, config = predicted.layout, predicted.config
+    placement = place(layout.world, None, device, pipeline=layout.pp > 1)  # fails here, before any
+    kwargs = {"batch_size": batch_size // layout.dp_size, "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
               "every": every, "faults": tuple(faults), "device": placement.device}
-    results = run(rank_entry, world, config, layout, steps, kwargs, timeout=timeout, threads=1,
-                  device=placement.device, backend=placement.backend)
+    results = run(rank_entry, layout.world, config, layout, steps, kwargs, timeout=timeout,
+                  threads=1, device=placement.device, backend=placement.backend)
     first = results[0]
-    step = _step_prediction(config, layout, batch_size, predicted["flops_per_step"],
-                            predicted["bytes_predicted"], first)
-    cores = min(world, usable_cores())  # affinity mask and cgroup quota, not the host's count
+    step = slowest_step(config, layout, batch_size, predicted.flops_per_step,
+                        predicted.bytes_predicted, first)
+    cores = min(layout.world, usable_cores())  # affinity mask and cgroup quota, not the host's
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])
-    achieved = predicted["flops_per_step"] * ran / train_s if ran else 0.0
+    achieved = predicted.flops_per_step * ran / train_s if ran else 0.0
     params: dict[str, torch.Tensor] = {}
     for r in results:  # a pipeline's stages each hold part of the names
         for name, t in r["params"].items():
             params.setdefault(name, t)
-    return {"layout": layout, "preset": config, "world": world, "steps": steps,
-            "losses": first["losses"], "val_losses": first["val_losses"],
-            "resumed_from": first["resumed_from"],
-            "tokens_per_s": predicted["tokens_per_step"] * ran / train_s if ran else 0.0,
-            "step_seconds": statistics.median(first["step_seconds"]) if ran else 0.0,
-            "flops_per_step": predicted["flops_per_step"], "matmul_peak": first["matmul_peak"],
-            "cores": cores, "mfu": achieved / (first["matmul_peak"] * cores),
-            "link": first["link"], "step_predicted": step,
-            "step_ratio": statistics.median(first["step_seconds"]) / step["step_s"] if ran else 0.0,
-            "params": params,
-            "device": placement.device, "backend": placement.backend,
-            "ranks": [{"rank": r["rank"], "stage": r["stage"], "bytes_measured": r["bytes"],
-                       "bytes_predicted": predicted["bytes_predicted"][r["rank"]],
-                       "peak_measured": r["peak"],
-                       "peak_predicted": predicted["peak_predicted"][r["rank"]]}
-                      for r in results]}
+    median = statistics.median(first["step_seconds"]) if ran else 0.0
+    return TrainReport(
+        layout, config, layout.world, steps, first["losses"], first["val_losses"],
+        first["resumed_from"],
+        tokens_per_s=predicted.tokens_per_step * ran / train_s if ran else 0.0,
+        step_seconds=median, flops_per_step=predicted.flops_per_step,
+        matmul_peak=first["matmul_peak"], cores=cores,
+        mfu=achieved / (first["matmul_peak"] * cores), link=first["link"], step_predicted=step,
+        step_ratio=median / step["step_s"] if ran else 0.0, params=params,
+        device=placement.device, backend=placement.backend,
+        ranks=[RankRun(r["rank"], r["stage"], r["bytes"], predicted.bytes_predicted[r["rank"]],
+                       r["peak"], predicted.peak_predicted[r["rank"]]) for r in results])

@@ -12,17 +12,18 @@ step slower) and overlap (which makes it faster), and its α comes from one fit.
 """
 from __future__ import annotations
 
-import math
-
 import torch.distributed as dist
 
 from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPTConfig
 from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
+from course_lib.composition.layout import Layout
+from course_lib.composition.layouts import predict_pp_bytes
 from course_lib.memory.predict import activation_terms, batch_bytes
-from course_lib.pipeline_parallel.measure import bubble_formula
+from course_lib.pipeline_parallel.formulas import bubble_formula
 
-__all__ = ["predict_peak", "root_bytes", "comm_per_step", "collective_seconds",
+__all__ = ["predict_rank", "slowest_step", "predict_peak", "root_bytes", "comm_per_step",
+           "collective_seconds",
            "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
@@ -47,16 +48,24 @@ def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
     return FP32 * (emb + (head if last else 0))
 
 
-def predict_peak(config: GPTConfig, layout: dict[str, int], batch_size: int, states: dict,
+def predict_rank(config: GPTConfig, layout: Layout, batch_size: int, rank: int) -> tuple[dict, int]:
+    """Global ``rank``'s predicted model-state bytes (chapter 09's rule for its pipeline stage)
+    and its peak (:func:`predict_peak`) for a global batch of ``batch_size`` sequences."""
+    stage = layout.stage_of(rank)
+    states = predict_pp_bytes(config, layout, stage)
+    return states, predict_peak(config, layout, batch_size, states,
+                                stage if layout.pp > 1 else None)
+
+
+def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dict,
                  stage: int | None = None) -> int:
     """Predicted peak bytes of one rank's steady training step (fp32, Adam): ``batch_size`` is
     the global batch, ``states`` the rank's predicted ``params``/``grads``/``optimizer``,
     ``stage`` its pipeline stage (``None`` without ``pp``). A stage before the last also holds
     its output and the buffer its gradient comes back in; having no logits, its largest
     backward temporary is the MLP's hidden-layer gradient."""
-    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
-    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
-    b, s, h = batch_size // dp, config.seq_len, config.d_model
+    tp, pp = layout.tp, layout.pp
+    b, s, h = batch_size // layout.dp_size, config.seq_len, config.d_model
     terms = activation_terms(config, b, s)
     bsh = FP32 * b * s * h
     layer = terms["blocks"] // config.n_layer
@@ -71,33 +80,31 @@ def predict_peak(config: GPTConfig, layout: dict[str, int], batch_size: int, sta
     else:  # a stage before the last: the output it holds and the buffer its gradient arrives in;
         acts += 2 * bsh  # no logits, so the largest backward temporary is the MLP's hidden one
         temps = 4 * bsh // tp
-    gathered = root_bytes(config, stage, pp) if "dp_shard" in layout else 0
-    buckets = states["grads"] if "dp" in layout else 0  # DDP's flat gradient buckets
+    gathered = root_bytes(config, stage, pp) if layout.dp_shard > 1 else 0
+    buckets = states["grads"] if layout.dp > 1 else 0  # DDP's flat gradient buckets
     fixed = states["params"] + states["optimizer"] + batch_bytes(b, s) + buckets
     return max(fixed + acts + temps + gathered, fixed + states["grads"])
 
 
-def comm_per_step(config: GPTConfig, layout: dict[str, int], batch_size: int,
+def comm_per_step(config: GPTConfig, layout: Layout, batch_size: int,
                   states: dict) -> list[tuple[str, str, int, int, int]]:
     """One rank's collectives per training step: ``(what, collective, bytes, ranks, calls)``,
     ``bytes`` summed over the ``calls``, each call's whole buffer as nccl-tests counts it."""
-    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
-    world = math.prod(layout.values()) if layout else 1
-    layers = config.n_layer // layout.get("pp", 1)
-    bsh = FP32 * (batch_size // dp) * config.seq_len * config.d_model
-    out = [("the loss's global mean", "all_reduce", FP32, world, 1)]
-    if "dp" in layout:
-        out.append(("DDP's gradient buckets", "all_reduce", states["grads"], layout["dp"],
+    layers = config.n_layer // layout.pp
+    bsh = FP32 * (batch_size // layout.dp_size) * config.seq_len * config.d_model
+    out = [("the loss's global mean", "all_reduce", FP32, layout.world, 1)]
+    if layout.dp > 1:
+        out.append(("DDP's gradient buckets", "all_reduce", states["grads"], layout.dp,
                     ddp_buckets(states["grads"])))
-    if "dp_shard" in layout:  # every block: gathered in forward and again in backward; the root
-        full, p = states["params"] * layout["dp_shard"], layout["dp_shard"]  # stays gathered
-        root = root_bytes(config, 0 if "pp" in layout else None, layout.get("pp", 1))  # pp: stage 0
+    if layout.dp_shard > 1:  # every block: gathered in forward and again in backward; the root
+        full, p = states["params"] * layout.dp_shard, layout.dp_shard  # stays gathered
+        root = root_bytes(config, 0 if layout.pp > 1 else None, layout.pp)  # pp: stage 0
         out += [("FSDP2's parameter all-gathers", "all_gather", 2 * full - root, p, 2 * layers + 1),
                 ("FSDP2's gradient reduce-scatters", "reduce_scatter", full, p, layers + 1)]
-    if "tp" in layout:  # attention and MLP outputs forward, their input gradients backward
-        out.append(("TP's block all-reduces", "all_reduce", 4 * layers * bsh, layout["tp"],
+    if layout.tp > 1:  # attention and MLP outputs forward, their input gradients backward
+        out.append(("TP's block all-reduces", "all_reduce", 4 * layers * bsh, layout.tp,
                     4 * layers))
-    if "pp" in layout:  # forward the activation; back its gradient and the last stage's loss
+    if layout.pp > 1:  # forward the activation; back its gradient and the last stage's loss
         out.append(("PP's activation, its gradient and the loss", "send", 2 * bsh + FP32, 2, 3))
     return out
 
@@ -117,17 +124,25 @@ def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
     return calls * link.alpha + n_bytes * link.beta
 
 
-def predict_step_time(config: GPTConfig, layout: dict[str, int], batch_size: int,
+def predict_step_time(config: GPTConfig, layout: Layout, batch_size: int,
                       flops: float, states: dict, matmul_peak: float,
                       link: AlphaBeta | None) -> dict[str, float]:
     """``compute_s`` + ``comm_s`` = ``step_s`` for one rank, before it runs: ``flops`` of the
     step on the global batch, ``matmul_peak`` (FLOP/s of one rank), ``link`` (α, β; ``None``:
     one process, no communication)."""
-    dp = math.prod(layout.get(n, 1) for n in ("dp", "dp_replicate", "dp_shard"))
-    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
-    stage = flops / (dp * tp * pp) / matmul_peak
-    compute = stage / (1 - bubble_formula(pp, 1))  # one micro-batch: the stages take turns
+    stage = flops / (layout.dp_size * layout.tp * layout.pp) / matmul_peak
+    compute = stage / (1 - bubble_formula(layout.pp, 1))  # one micro-batch: the stages take turns
     comm = 0.0 if link is None else sum(collective_seconds(link, c, n, p, k)
                                         for _, c, n, p, k in comm_per_step(config, layout,
                                                                            batch_size, states))
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
+
+
+def slowest_step(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
+                 ranks: list[dict], constants: dict) -> dict[str, float]:
+    """The slowest rank's :func:`predict_step_time` with this machine's ``constants``
+    (``matmul_peak``; ``link``: α, β, or ``None`` alone); ``ranks``: each rank's states."""
+    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
+    times = [predict_step_time(config, layout, batch_size, flops, b, constants["matmul_peak"],
+                               link) for b in ranks]
+    return max(times, key=lambda t: t["step_s"])

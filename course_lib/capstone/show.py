@@ -2,6 +2,10 @@
 chapter 00's whole game (one process and two ranks on one curve) and the map of strategies."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+from course_lib.composition.layout import Layout
 from course_lib.display import DPI, FIGSIZE, FONT_MIN, WIDGET_STYLE
 from course_lib.common.plots import legible
 
@@ -95,87 +99,96 @@ def plot_whole_game(one: dict, two: dict):
     return fig
 
 
-def _name(layout: dict) -> str:
-    return " × ".join(f"{k} {v}" for k, v in layout.items()) or "one process"
+def _typed(result) -> object:
+    """A :class:`~course_lib.capstone.measure.TrainReport` as it is; an older result dict (a
+    learner's, a stored one) read by attribute, its layout parsed."""
+    if isinstance(result, Mapping):
+        fields = {**result, "layout": Layout.parse(result.get("layout"), ranks=None)}
+        return SimpleNamespace(**fields)
+    return result
 
 
-def format_side_by_side(results: list[dict]) -> str:
+def format_side_by_side(results: list) -> str:
     """Per layout and rank: predicted and measured model-state MB, then peak MB."""
     lines = [f"{'layout':22} {'rank':>4} {'stage':>5} {'states: predicted MB':>20} "
              f"{'measured':>8} {'diff':>6} {'peak: predicted MB':>18} {'measured':>8} {'diff':>6}"]
-    for r in results:
-        for rank in r["ranks"]:
-            p = rank["bytes_predicted"]["model_states"]
-            m = rank["bytes_measured"]["model_states"]
-            pp, mp = rank.get("peak_predicted"), rank.get("peak_measured")
+    for r in map(_typed, results):
+        for rank in r.ranks:
+            p = rank.bytes_predicted["model_states"]
+            m = rank.bytes_measured["model_states"]
+            pp, mp = rank.peak_predicted, rank.peak_measured
             peak = (f"{pp / 1e6:18.3f} {mp / 1e6:8.3f} {(mp - pp) / pp:+6.1%}" if mp and pp
                     else f"{'-':>18} {'-':>8} {'':>6}")
-            stage = "-" if rank["stage"] is None else str(rank["stage"])
-            lines.append(f"{_name(r['layout']):22} {rank['rank']:4d} {stage:>5} {p / 1e6:20.3f} "
+            stage = "-" if rank.stage is None else str(rank.stage)
+            lines.append(f"{r.layout.label():22} {rank.rank:4d} {stage:>5} {p / 1e6:20.3f} "
                          f"{m / 1e6:8.3f} {abs(m - p) / p:6.1%} {peak}")
     return "\n".join(lines)
 
 
-def format_speed(results: list[dict]) -> str:
+def format_speed(results: list) -> str:
     """Tokens per second, predicted and measured median step time, their ratio and MFU of each
     run (times: this machine, now)."""
     lines = [f"{'layout':22} {'ranks':>5} {'tokens/s':>9} {'predicted ms':>12} {'step ms':>8} "
              f"{'ratio':>6} {'MFU':>6}"]
-    for r in results:
-        predicted = r["step_predicted"]["step_s"] * 1e3 if "step_predicted" in r else float("nan")
-        lines.append(f"{_name(r['layout']):22} {r['world']:5d} {r['tokens_per_s']:9.0f} "
-                     f"{predicted:12.2f} {r['step_seconds'] * 1e3:8.1f} "
-                     f"{r.get('step_ratio', float('nan')):6.1f} {r['mfu']:6.1%}")
+    for r in map(_typed, results):
+        step = getattr(r, "step_predicted", None)
+        predicted = step["step_s"] * 1e3 if step else float("nan")
+        lines.append(f"{r.layout.label():22} {r.world:5d} {r.tokens_per_s:9.0f} "
+                     f"{predicted:12.2f} {r.step_seconds * 1e3:8.1f} "
+                     f"{getattr(r, 'step_ratio', float('nan')):6.1f} {r.mfu:6.1%}")
     return "\n".join(lines)
 
 
-def step_verdict(result: dict, seen: tuple[float, float] | None = None) -> str:
+def step_verdict(result, seen: tuple[float, float] | None = None) -> str:
     """Which way the step-time prediction erred, and by how much, from the measurement; with
     ``seen`` (e.g. :data:`STEP_RATIO_SEEN`) also whether the ratio lies in that range."""
-    ratio, t = result["step_ratio"], result["step_predicted"]
+    result = _typed(result)
+    ratio, t = result.step_ratio, result.step_predicted
     way = "slower than predicted" if ratio >= 1 else "faster than predicted"
-    line = (f"{_name(result['layout'])}: predicted {t['step_s'] * 1e3:.2f} ms (compute "
+    line = (f"{result.layout.label()}: predicted {t['step_s'] * 1e3:.2f} ms (compute "
             f"{t['compute_s'] * 1e3:.2f} + communication {t['comm_s'] * 1e3:.2f}), measured "
-            f"{result['step_seconds'] * 1e3:.1f} ms: x{ratio:.1f}, {way}")
+            f"{result.step_seconds * 1e3:.1f} ms: x{ratio:.1f}, {way}")
     if seen is not None:
         line += f"; within x{seen[0]:g}-x{seen[1]:g} (seen before): {seen[0] <= ratio <= seen[1]}"
     return line
 
 
-def curve_gap(reference: dict, result: dict) -> tuple[float, float]:
+def curve_gap(reference, result) -> tuple[float, float]:
     """The largest difference of ``result``'s train losses from ``reference``'s over their
     common steps, and of its validation losses at the steps both evaluated."""
-    n = min(len(result["losses"]), len(reference["losses"]))
-    train = max(abs(a - b) for a, b in zip(result["losses"][:n], reference["losses"][:n]))
-    ref_val = {s: v for s, v in reference["val_losses"]}
-    val = max((abs(v - ref_val[s]) for s, v in result["val_losses"] if s in ref_val), default=0.0)
+    reference, result = _typed(reference), _typed(result)
+    n = min(len(result.losses), len(reference.losses))
+    train = max(abs(a - b) for a, b in zip(result.losses[:n], reference.losses[:n]))
+    ref_val = {s: v for s, v in reference.val_losses}
+    val = max((abs(v - ref_val[s]) for s, v in result.val_losses if s in ref_val), default=0.0)
     return train, val
 
 
-def format_curves(reference: dict, results: list[dict], tolerance: float = 1e-4) -> str:
+def format_curves(reference, results: list, tolerance: float = 1e-4) -> str:
     """Per run: are its train and val losses within ``tolerance`` of ``reference``'s?"""
     lines = []
-    for r in results:
+    for r in map(_typed, results):
         gap = max(curve_gap(reference, r))
-        lines.append(f"{_name(r['layout']):22} train and val within {tolerance:.0e} of "
-                     f"{_name(reference['layout'])}: {gap < tolerance}")
+        lines.append(f"{r.layout.label():22} train and val within {tolerance:.0e} of "
+                     f"{_typed(reference).layout.label()}: {gap < tolerance}")
     return "\n".join(lines)
 
 
 @legible
-def plot_curves(reference: dict, results: list[dict], steps: int | None = None):
+def plot_curves(reference, results: list, steps: int | None = None):
     """Training loss per step (lines) and validation loss (markers) of ``reference`` and each
     run, over their first ``steps`` steps."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    steps = steps or len(reference["losses"])
+    runs = [_typed(r) for r in (reference, *results)]
+    steps = steps or len(runs[0].losses)
     styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 2))]
-    for i, r in enumerate([reference, *results]):
-        n = min(steps, len(r["losses"]))
-        line, = ax.plot(range(1, n + 1), r["losses"][:n], linestyle=styles[i % len(styles)],
-                        label=f"{_name(r['layout'])} (train)")
-        val = [(s, v) for s, v in r["val_losses"] if s <= steps]
+    for i, r in enumerate(runs):
+        n = min(steps, len(r.losses))
+        line, = ax.plot(range(1, n + 1), r.losses[:n], linestyle=styles[i % len(styles)],
+                        label=f"{r.layout.label()} (train)")
+        val = [(s, v) for s, v in r.val_losses if s <= steps]
         ax.plot(*zip(*val), "o", markersize=7 - i, fillstyle="none", color=line.get_color())
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per byte)")
@@ -192,20 +205,20 @@ def train_widget():
 
     from course_lib.capstone.measure import LAYOUTS, predict_run, train_gpt
 
-    names = {_name(layout): layout for layout in LAYOUTS}
+    names = {Layout.parse(layout, ranks=None).label(): layout for layout in LAYOUTS}
 
     def show(layout: str = "dp_shard 2 × tp 2", preset: str = "tiny", steps: int = 10,
              train: bool = False) -> None:
         p = predict_run(names[layout], preset)
-        per_rank = ", ".join(f"{b['model_states'] / 1e6:.2f}" for b in p["bytes_predicted"])
-        print(f"{layout}, preset {preset}: {p['world']} rank(s); predicted model states per rank "
-              f"(MB): {per_rank}; {p['flops_per_step'] / 1e9:.2f} GFLOP per step")
+        per_rank = ", ".join(f"{b['model_states'] / 1e6:.2f}" for b in p.bytes_predicted)
+        print(f"{layout}, preset {preset}: {p.world} rank(s); predicted model states per rank "
+              f"(MB): {per_rank}; {p.flops_per_step / 1e9:.2f} GFLOP per step")
         if train:
             r = train_gpt(names[layout], preset=preset, steps=steps, eval_every=steps)
             print(format_side_by_side([r]))
             print(format_speed([r]))
             print(step_verdict(r))
-            print(f"loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}")
+            print(f"loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}")
 
     return widgets.interactive(
         show, layout=widgets.Dropdown(options=list(names), value="dp_shard 2 × tp 2",

@@ -26,6 +26,7 @@ from course_lib.communication.alphabeta import fit_alpha_beta
 from course_lib.communication.benchmark import bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
+from course_lib.composition.layout import Layout
 from course_lib.composition.measure import _quiet
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
@@ -53,13 +54,12 @@ def pick_device(requested: str = "auto", cuda_available: bool | None = None,
     return p.device, p.backend
 
 
-def build(config: GPTConfig, layout: dict[str, int], seed: int, device: str = "cpu") -> dict:
-    """This rank's model for ``layout`` (``{}``: the plain GPT) and its place in the data."""
-    if "pp" in layout:
-        if device != "cpu":  # chapter 09's pipeline step sends and receives CPU tensors
-            raise ValueError("pipeline layouts run on the CPU here; use device 'cpu'")
+def build(config: GPTConfig, layout: Layout, seed: int, device: str = "cpu") -> dict:
+    """This rank's model for ``layout`` (one rank: the plain GPT) and its place in the data."""
+    layout.device_for(device)  # a pipeline on a GPU: a ValueError
+    if layout.pp > 1:
         return {"kind": "pp", **build_pp(config, layout, seed)}
-    if not layout:
+    if layout.world == 1:
         torch.manual_seed(seed)
         return {"kind": "single", "model": GPT(config).to(device), "dp_index": 0, "dp_size": 1}
     _, model, dp_index, dp_size = build_2d(config, layout, seed, device=device)
@@ -86,10 +86,10 @@ def _global_mean(loss: torch.Tensor) -> float:
     return loss.item()
 
 
-def _dense(b: dict, config: GPTConfig, layout: dict[str, int]) -> dict[str, torch.Tensor]:
+def _dense(b: dict, config: GPTConfig, layout: Layout) -> dict[str, torch.Tensor]:
     """Every parameter in full, named as in the dense GPT (a collective on sharded layouts)."""
     model = getattr(b["model"], "module", b["model"])  # DDP names them "module.<name>"
-    params = dense_params(model, config, layout.get("tp", 1))
+    params = dense_params(model, config, layout.tp)
     return pp_dense_names(params, b) if b["kind"] == "pp" else params
 
 
@@ -117,24 +117,23 @@ def peak_step(step, model: torch.nn.Module, optimizer, batch: tuple) -> tuple[ob
     return out, sum(categorize(tracker.get_tracker_snapshot("peak")).values())
 
 
-def _check_meta(layout: dict[str, int], steps: int):
+def _check_meta(layout: Layout, steps: int):
     def check(manifest: dict) -> None:
         meta = manifest["meta"]
         if not (type(meta.get("losses")) is list and len(meta["losses"]) == manifest["step"]):
             raise ValueError("meta has no loss history of one loss per step")
-        if meta.get("tp", 1) != layout.get("tp", 1):  # TP reorders the qkv rows (chapter 4)
+        if meta.get("tp", 1) != layout.tp:  # TP reorders the qkv rows (chapter 4)
             raise ValueError(f"saved with tp={meta.get('tp', 1)}: its qkv rows are in another "
-                             f"order than tp={layout.get('tp', 1)} expects")
+                             f"order than tp={layout.tp} expects")
         if manifest["step"] > steps:
             raise ValueError(f"saved at step {manifest['step']}, past this run's {steps} steps")
     return check
 
 
-def train_rank_capstone(config: GPTConfig, layout: dict[str, int], steps: int, *,
+def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
                         batch_size: int, lr: float, seed: int = 0, eval_every: int = 0,
-                        ckpt_dir: str | None = None, every: int = 0, keep: int | None = 2,
-                        faults: tuple[Fault, ...] = (), attempt: int | None = None,
-                        threads: int = 1, return_params: bool = True,
+                        ckpt_dir: str | None = None, every: int = 0, keep: int | None = 2, faults: tuple[Fault, ...] = (),
+                        attempt: int | None = None, threads: int = 1, return_params: bool = True,
                         device: str = "cpu") -> dict:
     """Train ``steps`` Adam steps of ``batch_size`` sequences per data-parallel rank.
 
@@ -195,7 +194,7 @@ def train_rank_capstone(config: GPTConfig, layout: dict[str, int], steps: int, *
         if ckpt_dir and every and done % every == 0:
             hook = mine.get((done, "save"))
             meta = {"losses": losses, "val_losses": val_losses, "data": order.state(),
-                    "seed": seed, "tp": layout.get("tp", 1), "layout": layout}
+                    "seed": seed, "tp": layout.tp, "layout": layout.sizes()}
             save_checkpoint(ckpt_dir, done, model, optimizer, meta=meta, keep=keep,
                             before_commit=(lambda f=hook: fire(f)) if hook else None)
     out = {"rank": rank, "losses": losses, "val_losses": val_losses, "resumed_from": resumed,

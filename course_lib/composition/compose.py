@@ -11,45 +11,49 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
+from course_lib.composition.layout import MESH_ORDER, Layout
 from course_lib.tensor_parallel.layers import dtensor_block, qkv_rows
 
-__all__ = ["MESH_ORDER", "build_2d", "train_2d", "local_bytes", "state_bytes", "dense_params"]
-
-#: the order of named dimensions in a mesh, outermost first (torchtitan's order)
-MESH_ORDER = ("pp", "dp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+__all__ = ["MESH_ORDER", "build_2d", "data_parallel", "train_2d", "local_bytes", "state_bytes",
+           "dense_params"]
 
 
-def build_2d(config: GPTConfig, layout: dict[str, int], seed: int = 0, device: str = "cpu"):
+def build_2d(config: GPTConfig, layout: Layout, seed: int = 0, device: str = "cpu"):
     """Inside a rank: the mesh, the wrapped GPT, this rank's data-parallel (index, size).
 
     ``"dp"`` wraps the model in torch DDP; ``"dp_shard"`` (with ``"dp_replicate"``: HSDP) in
     FSDP2; ``"tp"`` alone leaves the tensor-parallel blocks unwrapped. ``device="cuda"``: the
     mesh and the model on this rank's current GPU (chapter 12's script under NCCL)."""
-    names = tuple(n for n in MESH_ORDER if n in layout)
-    mesh = init_device_mesh(device, tuple(layout[n] for n in names), mesh_dim_names=names)
+    mesh = layout.mesh(device)
     torch.manual_seed(seed)
     model = GPT(config).to(device)
-    if "tp" in layout:
+    if layout.tp > 1:
         model.blocks = torch.nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
-    dp_names = tuple(n for n in ("dp", "dp_replicate", "dp_shard") if n in layout)
-    if "dp" in layout:  # plain data parallelism: torch DDP, the model whole on every rank
-        model = DistributedDataParallel(model, process_group=mesh.get_group("dp"))
-    elif dp_names:
+    model = data_parallel(model, model.blocks, layout, mesh)
+    return mesh, model, layout.dp_index(mesh), layout.dp_size
+
+
+def data_parallel(model: torch.nn.Module, blocks, layout: Layout, mesh) -> torch.nn.Module:
+    """``model`` wrapped for the layout's data parallelism: torch DDP over ``"dp"``, else FSDP2
+    over the data-parallel sub-mesh, each of ``blocks`` a unit of its own (unchanged without)."""
+    dp_names = layout.dp_names
+    if layout.dp > 1 and layout.tp > 1:  # DDP takes no DTensors: FSDP2's replicate does
+        return replicate(model, mesh=mesh["dp"])
+    if layout.dp > 1:  # plain data parallelism: the model whole on every rank
+        return DistributedDataParallel(model, process_group=mesh.get_group("dp"))
+    if dp_names:
         dp_mesh = mesh[dp_names] if len(dp_names) > 1 else mesh[dp_names[0]]
-        for block in model.blocks:
+        for block in blocks:
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
-    dp_index, dp_size = 0, 1
-    for n in dp_names:  # row-major coordinate among the data-parallel ranks
-        dp_index, dp_size = dp_index * layout[n] + mesh.get_local_rank(n), dp_size * layout[n]
-    return mesh, model, dp_index, dp_size
+    return model
 
 
 def local_bytes(tensors) -> int:
@@ -92,7 +96,7 @@ def dense_params(model: torch.nn.Module, config: GPTConfig, tp: int,
     return out
 
 
-def train_2d(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple[int, int],
+def train_2d(config: GPTConfig, layout: Layout, steps: int, batch: tuple[int, int],
              lr: float = 1e-3, seed: int = 0) -> dict:
     """Inside a rank: train ``steps`` Adam steps; return losses, model-state bytes, full weights."""
     mesh, model, dp_index, dp_size = build_2d(config, layout, seed)
@@ -108,5 +112,5 @@ def train_2d(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
     measured = state_bytes(model, optimizer)
     model = getattr(model, "module", model)  # DDP's parameters are named "module.<name>"
     return {"rank": dist.get_rank(), "losses": losses, "bytes": measured,
-            "params": dense_params(model, config, layout.get("tp", 1)),
-            "grads": dense_params(model, config, layout.get("tp", 1), grads=True)}
+            "params": dense_params(model, config, layout.tp),
+            "grads": dense_params(model, config, layout.tp, grads=True)}

@@ -8,8 +8,8 @@ the storages of the rank's local parameters, gradients and optimizer states (DTe
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 
 import torch
 import torch.distributed as dist
@@ -21,14 +21,15 @@ from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import local_bytes, state_bytes, train_2d
 from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
                                            cp_predicted_bytes)
-from course_lib.composition.layouts import (MOE, validate_layout, predict_gpt_bytes,
-                                           predict_moe_bytes, predict_pp_bytes)
+from course_lib.composition.layout import MOE, Layout
+from course_lib.composition.layouts import predict_moe_bytes, predict_pp_bytes
 from course_lib.composition.moe import MoE, ep_forward
 from course_lib.composition.pipeline import train_pp
+from course_lib.composition.records import Record
 from course_lib.launcher.launch import run
 
-__all__ = ["run_parallel", "train_ep", "single_gpt", "single_moe", "TOLERANCE",
-           "GRAD_TOLERANCE"]
+__all__ = ["run_parallel", "ParallelReport", "RankBytes", "train_ep", "single_gpt", "single_moe",
+           "TOLERANCE", "GRAD_TOLERANCE"]
 
 #: gradients agree to ~1e-7 (summation order); weights after Adam steps to ~1e-5: where a
 #: gradient is as small as Adam's eps (1e-8), m / (sqrt(v) + eps) turns a 1e-8 rounding
@@ -37,6 +38,40 @@ __all__ = ["run_parallel", "train_ep", "single_gpt", "single_moe", "TOLERANCE",
 TOLERANCE = 1e-4
 GRAD_TOLERANCE = 1e-6
 LR = 1e-3
+
+
+@dataclasses.dataclass
+class RankBytes(Record):
+    """One rank's model-state (or, for ``cp``, activation) bytes: measured and predicted."""
+    rank: int
+    bytes_measured: dict
+    bytes_predicted: dict
+
+
+@dataclasses.dataclass
+class ParallelReport(Record):
+    """What :func:`run_parallel` returns: the largest weight and gradient differences from one
+    process, their tolerances, the losses and every rank's bytes; ``ep`` adds the tokens per
+    expert and the all_to_all bytes, ``cp`` the one-process bytes."""
+    layout: Layout
+    world: int
+    max_abs_diff_vs_single: float
+    max_abs_grad_diff_vs_single: float
+    tolerance: float
+    grad_tolerance: float
+    ranks: list[RankBytes]
+    losses: dict | None = None
+    what: str = "training steps"
+    single_bytes: dict | None = None
+    tokens_per_expert: dict | None = None
+    tokens_per_expert_single: list | None = None
+    all_to_all_bytes: list | None = None
+
+    @property
+    def same_as_single(self) -> bool:
+        """Weights (or outputs) and gradients within their tolerances of one process."""
+        return (self.max_abs_diff_vs_single < self.tolerance
+                and self.max_abs_grad_diff_vs_single < self.grad_tolerance)
 
 
 def _quiet() -> None:
@@ -125,70 +160,70 @@ def _max_diff(results: list[dict], single: dict, key: str) -> float:
     return max((r[key][n] - single[key][n]).abs().max().item() for r in results for n in r[key])
 
 
-def _rank_2d(config, layout, steps, batch):
+def _rank_2d(config, layout: Layout, steps, batch):
     _quiet()
-    if "pp" in layout:
+    if layout.pp > 1:
         return train_pp(config, layout, steps, batch, lr=LR)
     return train_2d(config, layout, steps, batch, lr=LR)
 
 
-def run_parallel(layout: dict[str, int], *, preset: str = "tiny", steps: int = 2,
-                 batch: tuple[int, int] | None = None) -> dict:
-    """Run ``layout`` on ``prod(layout)`` real ranks and check it against one process.
+def run_parallel(layout: Layout | dict, *, preset: str = "tiny", steps: int = 2,
+                 batch: tuple[int, int] | None = None) -> ParallelReport:
+    """Run ``layout`` (a :class:`Layout` or a dict such as ``{"dp_shard": 2, "tp": 2}``) on its
+    ranks and check it against one process.
 
     ``batch`` is ``(sequences, seq_len)`` per data-parallel rank for the GPT layouts (default
-    ``(2, 32)``; ``{"pp": 2, "dp_shard": n}`` runs a 2-stage pipeline by hand, each stage
-    FSDP-sharded) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
+    ``(2, 32)``; ``{"pp": 2, ...}`` runs a 2-stage pipeline by hand, each stage FSDP-sharded or
+    DDP-replicated) or ``(tokens,)`` per rank for ``{"ep": n}`` (default 16). ``{"cp": n}`` runs
     ring attention (forward, and the ring backward) over the preset's heads and sequence,
     ``batch`` sequences (default 2), against SDPA on the full sequence: its diffs are the
-    attention output's and dq/dk/dv's, and its bytes are the forward's activation bytes (see :mod:`course_lib.composition.context`). Returns a dict with
-    ``layout``, ``max_abs_diff_vs_single``, ``tolerance``, ``losses`` (rank 0 / single) and
-    ``ranks``: per rank ``bytes_measured`` and ``bytes_predicted`` (params, grads, optimizer,
-    model_states); ``{"ep": n}`` adds ``tokens_per_expert`` and ``all_to_all_bytes``.
+    attention output's and dq/dk/dv's, and its bytes are the forward's activation bytes (see
+    :mod:`course_lib.composition.context`). Returns a :class:`ParallelReport`.
     """
     config = get_config(preset)
-    layout = validate_layout(layout, config)
+    layout = Layout.parse(layout, config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    world = math.prod(layout.values())
-    if "cp" in layout:
-        return _run_cp(config, layout, (batch or (2,))[0])
-    if "ep" in layout:
-        tokens = (batch or (16,))[0]
-        results = run(train_ep, world, layout["ep"], steps, tokens)
-        single, losses, counts = single_moe(layout["ep"], steps, tokens)
-        predicted = predict_moe_bytes(layout["ep"])
-    else:
-        batch = tuple(batch or (2, 32))
-        if batch[1] > config.seq_len:
-            raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
-        results = run(_rank_2d, world, config, layout, steps, batch)
-        dp = layout.get("dp", 1) * layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
-        single, losses = single_gpt(config, steps, batch, dp)
-        predicted = None if "pp" in layout else predict_gpt_bytes(config, layout)
-    mean = [sum(r["losses"][i] for r in results) / world for i in range(steps)]
-    report = {"layout": layout, "world": world,
-              "max_abs_diff_vs_single": _max_diff(results, single, "params"),
-              "max_abs_grad_diff_vs_single": _max_diff(results, single, "grads"),
-              "tolerance": TOLERANCE,
-              "grad_tolerance": GRAD_TOLERANCE, "losses": {"mean over ranks": mean, "single": losses},
-              "ranks": [{"rank": r["rank"], "bytes_measured": r["bytes"],
-                         "bytes_predicted": predicted or predict_pp_bytes(config, layout, r["stage"])}
-                        for r in results]}
-    if "ep" in layout:
-        report["tokens_per_expert"] = {e: n for r in results
-                                       for e, n in r["log"]["tokens_per_expert"].items()}
-        report["tokens_per_expert_single"] = counts.tolist()
-        report["all_to_all_bytes"] = [r["log"]["all_to_all_bytes"] for r in results]
-    return report
+    if layout.cp > 1:
+        return _run_cp(config, layout.cp, (batch or (2,))[0])
+    if layout.ep > 1:
+        return _run_ep(layout, steps, (batch or (16,))[0])
+    batch = tuple(batch or (2, 32))
+    if batch[1] > config.seq_len:
+        raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
+    results = run(_rank_2d, layout.world, config, layout, steps, batch)
+    single, losses = single_gpt(config, steps, batch, layout.dp_size)
+    predicted = [predict_pp_bytes(config, layout, layout.stage_of(r["rank"])) for r in results]
+    return _report(layout, results, single, losses, predicted)
 
 
-def _run_cp(config, layout: dict[str, int], sequences: int) -> dict:
+def _report(layout: Layout, results: list[dict], single: dict, losses: list,
+            predicted: list[dict], **extra) -> ParallelReport:
+    mean = [sum(r["losses"][i] for r in results) / layout.world for i in range(len(losses))]
+    return ParallelReport(
+        layout, layout.world, _max_diff(results, single, "params"),
+        _max_diff(results, single, "grads"), TOLERANCE, GRAD_TOLERANCE,
+        [RankBytes(r["rank"], r["bytes"], p) for r, p in zip(results, predicted)],
+        losses={"mean over ranks": mean, "single": losses}, **extra)
+
+
+def _run_ep(layout: Layout, steps: int, tokens: int) -> ParallelReport:
+    """The MoE layer with its experts over ``ep`` ranks against the whole layer in this process."""
+    results = run(train_ep, layout.world, layout.ep, steps, tokens)
+    single, losses, counts = single_moe(layout.ep, steps, tokens)
+    return _report(layout, results, single, losses, [predict_moe_bytes(layout.ep)] * layout.world,
+                   tokens_per_expert={e: n for r in results
+                                      for e, n in r["log"]["tokens_per_expert"].items()},
+                   tokens_per_expert_single=counts.tolist(),
+                   all_to_all_bytes=[r["log"]["all_to_all_bytes"] for r in results])
+
+
+def _run_cp(config, cp: int, sequences: int) -> ParallelReport:
     """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process: the output,
     and dq, dk, dv of the ring backward (loss: the output times a seeded weight, summed)."""
     shape = (sequences, config.n_head, config.seq_len, config.head_dim)
-    results = run(cp_attention_rank, layout["cp"], shape)
-    grads = run(cp_attention_grad_rank, layout["cp"], shape)
+    results = run(cp_attention_rank, cp, shape)
+    grads = run(cp_attention_grad_rank, cp, shape)
     q, k, v = (t.requires_grad_() for t in _qkv(*shape))
     full = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     weight = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
@@ -197,11 +232,9 @@ def _run_cp(config, layout: dict[str, int], sequences: int) -> dict:
     got = torch.cat([r["out"] for r in results], dim=2)
     grad_diff = max((torch.cat([r[name] for r in grads], dim=2) - ref).abs().max().item()
                     for name, ref in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)))
-    predicted = cp_predicted_bytes(shape, layout["cp"])
+    predicted = cp_predicted_bytes(shape, cp)
     keys = ("activation_bytes", "score_bytes")
-    return {"layout": layout, "world": layout["cp"], "what": "attention forward and backward",
-            "max_abs_diff_vs_single": (got - full).abs().max().item(), "tolerance": 1e-5,
-            "max_abs_grad_diff_vs_single": grad_diff, "grad_tolerance": 1e-5,
-            "single_bytes": cp_predicted_bytes(shape, 1),
-            "ranks": [{"rank": r["rank"], "bytes_measured": {k: r[k] for k in keys},
-                       "bytes_predicted": predicted} for r in results]}
+    return ParallelReport(
+        Layout(cp=cp), cp, (got - full).abs().max().item(), grad_diff, 1e-5, 1e-5,
+        [RankBytes(r["rank"], {k: r[k] for k in keys}, predicted) for r in results],
+        what="attention forward and backward", single_bytes=cp_predicted_bytes(shape, 1))

@@ -14,13 +14,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
-from course_lib.composition.compose import MESH_ORDER, dense_params, state_bytes
+from course_lib.composition.compose import data_parallel, dense_params, state_bytes
+from course_lib.composition.layout import Layout
 from course_lib.tensor_parallel.layers import dtensor_block
 
 __all__ = ["train_pp", "build_pp", "pp_step", "pp_dense_names"]
@@ -42,33 +41,27 @@ class _Stage(nn.Module):
         return m.lm_head(m.ln_f(x)) if self.stage == 1 else x
 
 
-def build_pp(config: GPTConfig, layout: dict[str, int], seed: int = 0) -> dict:
+def build_pp(config: GPTConfig, layout: Layout, seed: int = 0) -> dict:
     """Inside a rank: this rank's stage of the GPT (split over ``tp``, sharded over ``dp_shard``
-    when the layout has them). Returns ``model``, ``stage``, ``peer`` (the other stage's rank),
-    ``dp_index``, ``dp_size`` and ``first`` (the global index of the stage's first block)."""
-    pp, dp, tp = layout["pp"], layout.get("dp_shard", 1), layout.get("tp", 1)
-    names = tuple(n for n in MESH_ORDER if n in layout)
-    mesh = init_device_mesh("cpu", tuple(layout[n] for n in names), mesh_dim_names=names)
+    or wrapped in DDP over ``dp`` when the layout has them). Returns ``model``, ``stage``,
+    ``peer`` (the other stage's rank), ``dp_index``, ``dp_size`` and ``first`` (the global index
+    of the stage's first block)."""
+    mesh = layout.mesh("cpu")
     stage = mesh.get_local_rank("pp")
-    dp_index = mesh.get_local_rank("dp_shard") if "dp_shard" in layout else 0
     peer = dist.get_process_group_ranks(mesh.get_group("pp"))[1 - stage]
     torch.manual_seed(seed)
     model = GPT(config)
-    k = config.n_layer // pp
+    k = config.n_layer // layout.pp
     model.blocks = nn.ModuleList(list(model.blocks)[:k] if stage == 0 else list(model.blocks)[k:])
     if stage == 0:
         model.ln_f, model.lm_head = nn.Identity(), nn.Identity()
     else:
         model.tok_emb, model.pos_emb = nn.Identity(), nn.Identity()
-    if tp > 1:
+    if layout.tp > 1:
         model.blocks = nn.ModuleList(dtensor_block(b, config, mesh["tp"]) for b in model.blocks)
-    model = _Stage(model, stage)
-    if "dp_shard" in layout:
-        for block in model.gpt.blocks:
-            fully_shard(block, mesh=mesh["dp_shard"])
-        model = fully_shard(model, mesh=mesh["dp_shard"])
-    return {"model": model, "stage": stage, "peer": peer, "dp_index": dp_index, "dp_size": dp,
-            "first": stage * k}
+    model = data_parallel(_Stage(model, stage), model.blocks, layout, mesh)
+    return {"model": model, "stage": stage, "peer": peer, "dp_index": layout.dp_index(mesh),
+            "dp_size": layout.dp_size, "first": stage * k}
 
 
 def pp_step(built: dict, config: GPTConfig, inputs: torch.Tensor, targets: torch.Tensor,
@@ -108,12 +101,12 @@ def pp_dense_names(tensors: dict, built: dict) -> dict:
     return out
 
 
-def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple[int, int],
+def train_pp(config: GPTConfig, layout: Layout, steps: int, batch: tuple[int, int],
              lr: float = 1e-3, seed: int = 0) -> dict:
-    """Inside a rank: train the GPT split in 2 stages, each sharded over ``dp_shard`` (and split
-    over ``tp``)."""
+    """Inside a rank: train the GPT split in 2 stages, each sharded over ``dp_shard`` or
+    replicated over ``dp`` (and split over ``tp``)."""
     built = build_pp(config, layout, seed)
-    model, tp = built["model"], layout.get("tp", 1)
+    model, tp = built["model"], layout.tp
     optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
     losses = []
     for step in range(steps):
@@ -124,6 +117,7 @@ def train_pp(config: GPTConfig, layout: dict[str, int], steps: int, batch: tuple
         optimizer.step()
         losses.append(loss.item())
     measured = state_bytes(model, optimizer)
+    model = getattr(model, "module", model)  # DDP's parameters are named "module.<name>"
     return {"rank": dist.get_rank(), "losses": losses, "bytes": measured, "stage": built["stage"],
             "params": pp_dense_names(dense_params(model, config, tp), built),
             "grads": pp_dense_names(dense_params(model, config, tp, grads=True), built)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from course_lib.common.models import GPTConfig, param_count
+from course_lib.composition.layout import Layout
 from course_lib.composition.layouts import KNOWN, tp_named_shapes
 from course_lib.sharding.formulas import per_rank_bytes
 
@@ -32,17 +33,13 @@ SCALE_PRESETS = {
 LLAMA3_405B = {"tp": 8, "pp": 16, "dp_shard": 128}
 
 
-def at_scale(model: str | GPTConfig, layout: dict[str, int], vocab_parallel: bool = True) -> dict:
+def at_scale(model: str | GPTConfig, layout: Layout | dict, vocab_parallel: bool = True) -> dict:
     """Per-GPU model-state bytes of ``model`` under ``layout`` (dims tp, pp, dp_shard,
     dp_replicate, cp). ``dp_replicate`` copies the model states; ``cp`` is counted as copying
     them too (torchtitan instead shards FSDP over dp_shard × cp together)."""
     config = SCALE_PRESETS[model] if isinstance(model, str) else model
-    for name in layout:
-        if name not in KNOWN:
-            raise ValueError(f"unknown mesh dimension {name!r}; known dimensions: {KNOWN}")
-    tp, pp, dp = layout.get("tp", 1), layout.get("pp", 1), layout.get("dp_shard", 1)
-    if config.n_head % tp:
-        raise ValueError(f"tp={tp} must divide the {config.n_head} attention heads")
+    layout = Layout.parse(layout, config, ranks=None, dims=KNOWN)  # any size, no run here
+    tp, pp, dp = layout.tp, layout.pp, layout.dp_shard
     stage = config.replace(n_layer=math.ceil(config.n_layer / pp))
     named = tp_named_shapes(stage, tp, vocab_parallel and tp > 1)
     if pp == 1:
@@ -51,7 +48,7 @@ def at_scale(model: str | GPTConfig, layout: dict[str, int], vocab_parallel: boo
         stages = [[s for n, s in named if not n.startswith(("ln_f", "lm_head"))],
                   [s for n, s in named if not n.startswith(("tok_emb", "pos_emb"))]]
     per_gpu = max(per_rank_bytes(shapes, "fsdp", dp)[0]["model_states"] for shapes in stages)
-    return {"params": param_count(config), "gpus": math.prod(layout.values()),
+    return {"params": param_count(config), "gpus": layout.world,
             "per_gpu_bytes": per_gpu}
 
 

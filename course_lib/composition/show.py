@@ -7,17 +7,20 @@ a run's per-rank byte table into one verdict line; the widget reads the model st
 """
 from __future__ import annotations
 
-import math
 import re
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from course_lib.composition.layout import Layout
 from course_lib.composition.scale import SCALE_PRESETS, at_scale
 from course_lib.display import DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE, ink
 from course_lib.common.plots import legible
+
+if TYPE_CHECKING:
+    from course_lib.composition.measure import ParallelReport
 
 __all__ = ["layout_widget", "layout_line", "plot_mesh", "plot_schedule_order", "bytes_summary",
            "bubble_lines"]
@@ -107,25 +110,26 @@ def plot_schedule_order(orders: Mapping[str, Mapping[int, Sequence]]) -> Figure:
     return fig
 
 
-def bytes_summary(report: Mapping) -> tuple[str, str]:
+def bytes_summary(report: ParallelReport) -> tuple[str, str]:
     """One verdict line for a run's per-rank byte counts, and the full table as ``<details>`` HTML.
 
     Ranks with equal bytes are grouped ("ranks 0-3"), so the line stays one line at any size."""
-    ranks = report["ranks"]
-    ok = [r["bytes_measured"] == r["bytes_predicted"] for r in ranks]
+    ranks = report.ranks
+    ok = [r.bytes_measured == r.bytes_predicted for r in ranks]
     line = (f"all {len(ranks)} ranks: measured == predicted" if all(ok) else
             f"{ok.count(False)} of {len(ranks)} ranks differ: "
-            + ", ".join(str(r["rank"]) for r, good in zip(ranks, ok) if not good))
+            + ", ".join(str(r.rank) for r, good in zip(ranks, ok) if not good))
     groups: dict[int, list[int]] = {}
     for r in ranks:
-        groups.setdefault(r["bytes_measured"]["model_states"], []).append(r["rank"])
+        groups.setdefault(r.bytes_measured["model_states"], []).append(r.rank)
     line += " (model states: " + "; ".join(
         f"rank{'s' * (len(g) > 1)} {_span(g)} {b:,} B" for b, g in groups.items()) + ")"
     cols = ("params", "grads", "optimizer", "model_states")
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
     body = "".join(
-        f"<tr><td>{r['rank']}</td><td>{kind}</td>"
-        + "".join(f"<td style='text-align:right'>{r[f'bytes_{kind}'][c]:,}</td>" for c in cols)
+        f"<tr><td>{r.rank}</td><td>{kind}</td>"
+        + "".join(f"<td style='text-align:right'>{getattr(r, f'bytes_{kind}')[c]:,}</td>"
+                  for c in cols)
         + "</tr>" for r in ranks for kind in ("measured", "predicted"))
     return line, (f"<details><summary>bytes per rank ({len(ranks)} ranks × measured, predicted)"
                   f"</summary><table><tr><th>rank</th><th></th>{head}</tr>{body}</table></details>")
@@ -153,15 +157,14 @@ def _span(ranks: list[int]) -> str:
 
 def layout_line(model: str, tp: int, pp: int, dp_shard: int, gpu_gb: int = 80) -> str:
     """One layout's GPUs and predicted model states per GPU, against a GPU's memory."""
-    layout = {"tp": tp, "pp": pp, "dp_shard": dp_shard}
     try:
-        r = at_scale(model, layout)
+        r = at_scale(model, Layout(tp=tp, pp=pp, dp_shard=dp_shard))
     except ValueError as err:
         return f"{model}: {err}"
     need = r["per_gpu_bytes"]
     verdict = "fits" if need < gpu_gb * 1e9 else "does not fit"
     return (f"{model}-class GPT ({r['params'] / 1e9:.1f}B parameters) on TP {tp} x PP {pp} x FSDP {dp_shard}"
-            f" = {math.prod(layout.values()):,} GPUs: model states {need / 2**30:.1f} GiB per GPU"
+            f" = {r['gpus']:,} GPUs: model states {need / 2**30:.1f} GiB per GPU"
             f" — {verdict} in {gpu_gb} GB (activations come on top)")
 
 

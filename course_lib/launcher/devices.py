@@ -107,6 +107,15 @@ class DeviceError(ValueError, RuntimeError):
     ``RuntimeError``, the type CUDA-without-a-GPU had before issue 51)."""
 
 
+def pipeline_device(device: str | None = None, backend: str | None = None) -> str:
+    """The one rule for pipelines: ``"cpu"`` (chapter 09's stages send CPU tensors); a GPU
+    request is a :class:`DeviceError`."""
+    if device == "cuda" or backend == "nccl":
+        raise DeviceError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "
+                          "tensors); use device='cpu'")
+    return "cpu"
+
+
 def place(nprocs: int, backend: str | None = None, device: str | None = None,
           threads: int | None = None, *, pipeline: bool = False,
           gpus: int | None = None) -> Placement:
@@ -130,14 +139,13 @@ def place(nprocs: int, backend: str | None = None, device: str | None = None,
     if device is not None and device not in DEVICE_CHOICES:
         raise DeviceError(f"unknown device {device!r}; choose one of {DEVICE_CHOICES} or None")
     device = None if device == "auto" else device
+    if pipeline:
+        pipeline_device(device, backend)
     gpus = gpu_count() if gpus is None else gpus
     if (device == "cuda" or backend == "nccl") and gpus == 0:
         raise DeviceError(f"{'device=cuda' if device == 'cuda' else 'backend=nccl'} was "
                           "requested but this machine has no CUDA GPU; use the default (gloo "
                           "on CPU)")
-    if pipeline and (device == "cuda" or backend == "nccl"):
-        raise DeviceError("pipeline layouts run on the CPU here (chapter 09's stages send CPU "
-                          "tensors); use device='cpu'")
     if backend == "nccl" and device == "cpu":
         raise DeviceError("NCCL only moves CUDA tensors; use backend='gloo' for device='cpu'")
     if backend == "nccl" and nprocs > gpus:

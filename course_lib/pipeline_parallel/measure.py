@@ -21,6 +21,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher.launch import run
+from course_lib.pipeline_parallel.formulas import bubble_formula
 from course_lib.pipeline_parallel.schedules import (Stage, lay_out, run_schedule, schedule_ops,
                                                     validate_pipeline)
 from course_lib.pipeline_parallel.trace import StageTrace, TracedSteps
@@ -33,11 +34,6 @@ __all__ = ["PP_CONFIG", "BUBBLE_CONFIG", "PipelineReport", "StepBudget", "bubble
 PP_CONFIG = GPTConfig(n_layer=4, n_head=2, d_model=32, seq_len=16)
 #: Model for timing: a micro-batch's forward takes ~10 ms here, far above a send/recv (<1 ms).
 BUBBLE_CONFIG = GPTConfig(n_layer=4, n_head=4, d_model=256, seq_len=64)
-
-
-def bubble_formula(p: int, m: int) -> float:
-    """Idle fraction of a GPipe/1F1B step when every micro-batch costs the same: (p-1)/(m+p-1)."""
-    return (p - 1) / (m + p - 1)
 
 
 def bubble_for_stages(schedule: str, m: int, forward_s: list, backward_s: list) -> float:

@@ -14,14 +14,14 @@ Rank 0 writes ``{"losses", "params"}`` to ``--out`` (``torch.load(path, weights_
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import tomllib
 
 import torch
 
-from course_lib.capstone.measure import validate_run, dp_size
+from course_lib.capstone.measure import validate_run
 from course_lib.capstone.train import train_rank_capstone
+from course_lib.composition.layout import Layout
 from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
 from course_lib.launcher.devices import DEVICE_CHOICES, place
 from course_lib.launcher.torchrun import init_distributed
@@ -35,13 +35,13 @@ DEFAULTS = {"preset": "tiny", "steps": 12, "batch_size": 8, "lr": 3e-3, "seed": 
 
 def parse_layout(text: str) -> dict[str, int]:
     """``"dp_shard=2,tp=2"`` -> ``{"dp_shard": 2, "tp": 2}``; ``""`` -> ``{}``."""
-    layout = {}
+    pairs = []
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, sep, size = item.partition("=")
         if not sep or not size.isdigit():
             raise ValueError(f"bad layout item {item!r}: expected name=size, e.g. dp_shard=2")
-        layout[name.strip()] = int(size)
-    return layout
+        pairs.append((name.strip(), int(size)))
+    return dict(pairs)
 
 
 def read_config(path: str) -> dict:
@@ -84,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
         if value is not None:
             options[key] = parse_layout(value) if key == "layout" else value
     options["faults"], options["out"] = parse_faults(args.faults), args.out
+    layout_now = Layout.parse(options["layout"], ranks=None)
     placement = place(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), None, args.device,
-                      threads=1, pipeline="pp" in options["layout"])  # this node's ranks
+                      threads=1, pipeline=layout_now.pp > 1)  # this node's ranks
     options["device"], options["backend"] = placement.device, placement.backend
     return options
 
@@ -95,17 +96,15 @@ def main(argv: list[str] | None = None) -> dict:
     layout, config = validate_run(o["layout"], o["preset"], o["steps"], o["batch_size"],
                                o["ckpt_dir"] or None)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if math.prod(layout.values()) != world:
-        raise SystemExit(f"layout {layout} needs {math.prod(layout.values())} ranks, "
-                         f"torchrun started {world}")
+    if layout.world != world:
+        raise SystemExit(f"layout {layout} needs {layout.world} ranks, torchrun started {world}")
     if o["device"] == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     rank, _ = init_distributed(o["backend"])
-    result = train_rank_capstone(config, layout, o["steps"],
-                                 batch_size=o["batch_size"] // dp_size(layout), lr=o["lr"],
-                                 seed=o["seed"], eval_every=o["eval_every"],
-                                 ckpt_dir=o["ckpt_dir"] or None, every=o["every"],
-                                 keep=o["keep"], faults=o["faults"], device=o["device"])
+    result = train_rank_capstone(config, layout, o["steps"], batch_size=o["batch_size"] // layout.dp_size,
+                                 lr=o["lr"], seed=o["seed"], eval_every=o["eval_every"],
+                                 ckpt_dir=o["ckpt_dir"] or None, every=o["every"], keep=o["keep"],
+                                 faults=o["faults"], device=o["device"])
     if rank == 0:
         start = result["resumed_from"]
         print(f"attempt {result['attempt']}: layout {layout}, "

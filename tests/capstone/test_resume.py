@@ -27,8 +27,8 @@ def test_killed_rank_resumes_to_the_same_weights_bit_for_bit(uninterrupted, tmp_
                       env={FAULTS_ENV: "0:1:6:kill"}, timeout=300, quiet=True)
     assert "attempt 1: layout {'dp_shard': 2}, resumed from step 4" in result.output
     saved = torch.load(out, weights_only=True)
-    assert saved["losses"].tolist() == uninterrupted["losses"]
-    ref = uninterrupted["params"]
+    assert saved["losses"].tolist() == uninterrupted.losses
+    ref = uninterrupted.params
     assert saved["params"].keys() == ref.keys()
     assert all(torch.equal(saved["params"][k], ref[k]) for k in ref)
 
@@ -36,16 +36,16 @@ def test_killed_rank_resumes_to_the_same_weights_bit_for_bit(uninterrupted, tmp_
 def test_resume_on_another_layout_continues_the_curve(uninterrupted, tmp_path):
     first = train_gpt({"dp_shard": 2}, **{**RUN, "steps": 4}, ckpt_dir=tmp_path, every=4)
     second = train_gpt({"dp": 2}, **RUN, ckpt_dir=tmp_path, every=4)
-    assert second["resumed_from"] == 4 and second["losses"][:4] == first["losses"]
-    diff = max(abs(a - b) for a, b in zip(second["losses"], uninterrupted["losses"]))
+    assert second.resumed_from == 4 and second.losses[:4] == first.losses
+    diff = max(abs(a - b) for a, b in zip(second.losses, uninterrupted.losses))
     assert diff < 1e-4  # the same data position, the same Adam state: the same curve
-    assert [s for s, _ in second["val_losses"]] == [4, 8]
+    assert [s for s, _ in second.val_losses] == [4, 8]
 
 
 def test_a_checkpoint_of_another_tp_degree_is_refused(tmp_path):
     train_gpt({"dp_shard": 2}, **{**RUN, "steps": 2}, ckpt_dir=tmp_path, every=2)
     again = train_gpt({"tp": 2}, **{**RUN, "steps": 2}, ckpt_dir=tmp_path, every=0)
-    assert again["resumed_from"] is None  # skipped with a logged reason: qkv rows differ
+    assert again.resumed_from is None  # skipped with a logged reason: qkv rows differ
 
 
 def test_the_script_reads_its_toml_config_and_refuses_unknown_keys(tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus
 from course_lib.capstone.measure import LAYOUTS, predict_run, train_gpt
+from course_lib.composition.layout import Layout
 
 STEPS, EVAL = 6, 3
 #: losses of one process and of each layout agree to ~1e-6 here (summation order, Adam's eps);
@@ -27,50 +28,49 @@ def runs():
 
 def test_every_layout_follows_the_one_process_curve(runs):
     single = runs["{}"]
-    assert len(single["losses"]) == STEPS and [s for s, _ in single["val_losses"]] == [3, 6]
-    assert single["losses"][-1] < single["losses"][0] - 0.5  # it learns
+    assert len(single.losses) == STEPS and [s for s, _ in single.val_losses] == [3, 6]
+    assert single.losses[-1] < single.losses[0] - 0.5  # it learns
     for name, r in runs.items():
-        diff = max(abs(a - b) for a, b in zip(r["losses"], single["losses"]))
-        vdiff = max(abs(a[1] - b[1]) for a, b in zip(r["val_losses"], single["val_losses"]))
+        diff = max(abs(a - b) for a, b in zip(r.losses, single.losses))
+        vdiff = max(abs(a[1] - b[1]) for a, b in zip(r.val_losses, single.val_losses))
         assert diff < LOSS_TOLERANCE and vdiff < LOSS_TOLERANCE, (name, diff, vdiff)
 
 
 def test_final_weights_equal_the_one_process_weights(runs):
-    single = runs["{}"]["params"]
+    single = runs["{}"].params
     for name, r in runs.items():
-        assert r["params"].keys() == single.keys(), name
-        worst = max((r["params"][k] - single[k]).abs().max().item() for k in single)
+        assert r.params.keys() == single.keys(), name
+        worst = max((r.params[k] - single[k]).abs().max().item() for k in single)
         assert worst < 1e-3, (name, worst)  # Adam steps of lr 3e-3: a wrong batch moves ~lr
 
 
 def test_predicted_bytes_are_measured_bytes_within_2_percent(runs):
     for name, r in runs.items():
-        assert len(r["ranks"]) == r["world"]
-        for rank in r["ranks"]:
-            for key, predicted in rank["bytes_predicted"].items():
-                measured = rank["bytes_measured"][key]
-                assert abs(measured - predicted) <= 0.02 * predicted, (name, rank["rank"], key)
+        assert len(r.ranks) == r.world
+        for rank in r.ranks:
+            for key, predicted in rank.bytes_predicted.items():
+                measured = rank.bytes_measured[key]
+                assert abs(measured - predicted) <= 0.02 * predicted, (name, rank.rank, key)
 
 
 def test_measured_peak_is_the_predicted_peak_on_every_rank(runs):
     low, high = PEAK_TOLERANCE
     for name, r in runs.items():
-        for rank in r["ranks"]:
-            ratio = rank["peak_measured"] / rank["peak_predicted"]
-            assert low <= ratio <= high, (name, rank["rank"], ratio)
-    assert runs["{'tp': 2}"]["ranks"][0]["peak_measured"] < runs["{}"]["ranks"][0]["peak_measured"]
+        for rank in r.ranks:
+            ratio = rank.peak_measured / rank.peak_predicted
+            assert low <= ratio <= high, (name, rank.rank, ratio)
+    assert runs["{'tp': 2}"].ranks[0].peak_measured < runs["{}"].ranks[0].peak_measured
 
 
 def test_step_prediction_is_built_from_the_machine_constants(runs):
-    from course_lib.capstone.measure import dp_size
     from course_lib.pipeline_parallel.measure import bubble_formula
     for name, r in runs.items():
-        t, layout = r["step_predicted"], r["layout"]
-        share = dp_size(layout) * layout.get("tp", 1) * layout.get("pp", 1)
-        expected = r["flops_per_step"] / share / r["matmul_peak"]
-        assert t["compute_s"] == pytest.approx(expected / (1 - bubble_formula(layout.get("pp", 1), 1)))
-        assert (t["comm_s"] > 0) == (r["world"] > 1) and (r["link"] is None) == (r["world"] == 1)
-        assert r["step_ratio"] == pytest.approx(r["step_seconds"] / t["step_s"])  # not a bound
+        t, layout = r.step_predicted, r.layout
+        share = layout.dp_size * layout.tp * layout.pp
+        expected = r.flops_per_step / share / r.matmul_peak
+        assert t["compute_s"] == pytest.approx(expected / (1 - bubble_formula(layout.pp, 1)))
+        assert (t["comm_s"] > 0) == (r.world > 1) and (r.link is None) == (r.world == 1)
+        assert r.step_ratio == pytest.approx(r.step_seconds / t["step_s"])  # not a bound
 
 
 def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes():
@@ -79,24 +79,24 @@ def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes()
     from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
     from course_lib.composition.layouts import predict_gpt_bytes
     c, link = get_config("tiny"), AlphaBeta(1e-4, 1e-9)
-    ddp = predict_gpt_bytes(c, {"dp": 2})
-    rows = {what: row for what, *row in comm_per_step(c, {"dp": 2}, 8, ddp)}
+    ddp = predict_gpt_bytes(c, Layout(dp=2))
+    rows = {what: row for what, *row in comm_per_step(c, Layout(dp=2), 8, ddp)}
     assert rows["DDP's gradient buckets"] == ["all_reduce", ddp["grads"], 2, 1]  # < 1 MiB
     assert collective_seconds(link, "all_reduce", ddp["grads"], 2) == \
         ring_allreduce_time(ddp["grads"], 2, link.alpha, link.beta)
-    fsdp = predict_gpt_bytes(c, {"dp_shard": 2})
-    rows = {what: row for what, *row in comm_per_step(c, {"dp_shard": 2}, 8, fsdp)}
+    fsdp = predict_gpt_bytes(c, Layout(dp_shard=2))
+    rows = {what: row for what, *row in comm_per_step(c, Layout(dp_shard=2), 8, fsdp)}
     root = root_bytes(c)  # gathered once: FSDP2 keeps the root unsharded after forward
     assert rows["FSDP2's parameter all-gathers"][1:] == [2 * 2 * fsdp["params"] - root, 2,
                                                          2 * c.n_layer + 1]
     bsh = 4 * 8 * c.seq_len * c.d_model
-    rows = {what: row for what, *row in comm_per_step(c, {"tp": 2}, 8, fsdp)}
+    rows = {what: row for what, *row in comm_per_step(c, Layout(tp=2), 8, fsdp)}
     assert rows["TP's block all-reduces"] == ["all_reduce", 4 * c.n_layer * bsh, 2, 4 * c.n_layer]
-    rows = {what: row for what, *row in comm_per_step(c, {"pp": 2}, 8, fsdp)}
+    rows = {what: row for what, *row in comm_per_step(c, Layout(pp=2), 8, fsdp)}
     assert rows["PP's activation, its gradient and the loss"] == ["send", 2 * bsh + 4, 2, 3]
 
 
-def _calls_in_the_second_step(layout: dict, preset: str) -> dict:
+def _calls_in_the_second_step(layout: Layout, preset: str) -> dict:
     """Inside a rank: the collectives and sends of one steady training step, counted where
     torch's DDP, FSDP2 and the pipeline make them (DDP: its rebuilt buckets)."""
     import torch.distributed as dist
@@ -118,14 +118,15 @@ def _calls_in_the_second_step(layout: dict, preset: str) -> dict:
         if step == 2:
             counts.clear()
         _loss(b, config, x, x, backward=True)
-    if b["kind"] == "2d" and "dp" in layout:
+    if b["kind"] == "2d" and layout.dp > 1:
         counts["ddp_buckets"] = len(b["model"]._get_ddp_logging_data()["rebuilt_bucket_sizes"]
                                     .split(","))
     return counts
 
 
-@pytest.mark.parametrize("layout,preset", [({"dp": 2}, "tiny"), ({"dp": 2}, "small"),
-                                           ({"dp_shard": 2}, "tiny"), ({"pp": 2}, "tiny")])
+@pytest.mark.parametrize("layout,preset", [(Layout(dp=2), "tiny"), (Layout(dp=2), "small"),
+                                           (Layout(dp_shard=2), "tiny"), (Layout(pp=2), "tiny")],
+                         ids=str)
 def test_the_calls_the_predictor_counts_are_the_calls_torch_makes(layout, preset):
     """DDP's first bucket closes at 1 MiB; FSDP2 gathers each block twice and the root once; the
     pipeline sends the activation, its gradient and the loss: the counts torch really makes."""
@@ -134,16 +135,16 @@ def test_the_calls_the_predictor_counts_are_the_calls_torch_makes(layout, preset
     from course_lib.common.models import get_config
     from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes
     c = get_config(preset)
-    states = predict_pp_bytes(c, layout, 0) if "pp" in layout else predict_gpt_bytes(c, layout)
+    states = predict_pp_bytes(c, layout, 0) if layout.pp > 1 else predict_gpt_bytes(c, layout)
     calls = {what: row[-1] for what, *row in comm_per_step(c, layout, 8, states)}
     seen = run(_calls_in_the_second_step, 2, layout, preset)
-    if "dp" in layout:
+    if layout.dp > 1:
         assert seen[0]["ddp_buckets"] == calls["DDP's gradient buckets"] == (2 if preset == "small"
                                                                              else 1)
-    if "dp_shard" in layout:
+    if layout.dp_shard > 1:
         assert seen[0]["all_gather_single"] == calls["FSDP2's parameter all-gathers"]
         assert seen[0]["reduce_scatter_single"] == calls["FSDP2's gradient reduce-scatters"]
-    if "pp" in layout:
+    if layout.pp > 1:
         sent = sum(r.get("send", 0) for r in seen)
         assert sent == calls["PP's activation, its gradient and the loss"] == 3
 
@@ -158,18 +159,18 @@ def test_ddps_first_bucket_is_torchs():
 
 
 def test_sharded_layouts_hold_less_per_rank(runs):
-    whole = runs["{}"]["ranks"][0]["bytes_measured"]["model_states"]
-    assert runs["{'dp': 2}"]["ranks"][1]["bytes_measured"]["model_states"] == whole
+    whole = runs["{}"].ranks[0].bytes_measured["model_states"]
+    assert runs["{'dp': 2}"].ranks[1].bytes_measured["model_states"] == whole
     for name in ("{'dp_shard': 2}", "{'tp': 2}", "{'pp': 2}"):
-        assert max(r["bytes_measured"]["model_states"] for r in runs[name]["ranks"]) < 0.7 * whole
-    quarter = runs["{'dp_shard': 2, 'tp': 2}"]["ranks"][0]["bytes_measured"]["model_states"]
+        assert max(r.bytes_measured["model_states"] for r in runs[name].ranks) < 0.7 * whole
+    quarter = runs["{'dp_shard': 2, 'tp': 2}"].ranks[0].bytes_measured["model_states"]
     assert quarter < 0.35 * whole  # the embeddings are not split by tp
 
 
 def test_throughput_and_mfu_are_measured(runs):
     for r in runs.values():
-        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["matmul_peak"] > 1e8
-        assert r["flops_per_step"] == runs["{}"]["flops_per_step"]
+        assert r.tokens_per_s > 0 and 0 < r.mfu < 1 and r.matmul_peak > 1e8
+        assert r.flops_per_step == runs["{}"].flops_per_step
 
 
 def test_flop_count_is_six_flops_per_matmul_weight_and_token():
@@ -177,19 +178,19 @@ def test_flop_count_is_six_flops_per_matmul_weight_and_token():
     c = get_config("tiny")
     tokens = 4 * c.seq_len
     weights = c.n_layer * 12 * c.d_model ** 2 + c.vocab_size * c.d_model  # blocks + lm_head
-    flops = predict_run({"dp": 2}, "tiny", batch_size=4)["flops_per_step"]
+    flops = predict_run({"dp": 2}, "tiny", batch_size=4).flops_per_step
     assert flops == 6 * weights * tokens  # the CPU's attention kernel (QK^T, AV) is not counted
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"layout": {"dp": 3}}, "batch_size=8 sequences per step must split evenly"),
-    ({"layout": {"ep": 2}}, "trains the dense GPT"),
-    ({"layout": {"tp": 2, "dp": 2}}, "not implemented"),
+    ({"layout": {"ep": 2}}, "mesh dimension 'ep' is not one this run takes"),
+    ({"layout": {"dp_shard": 2, "dp": 2}}, "'dp' is torch DDP"),
     ({"layout": {"dq": 2}}, "unknown mesh dimension 'dq'"),
     ({"layout": {}, "preset": "huge"}, "unknown preset 'huge'"),
     ({"layout": {}, "steps": 0}, "steps must be a positive integer"),
     ({"layout": {"pp": 2}, "ckpt_dir": "/tmp/x"}, "pipeline layout are not supported"),
-    ({"layout": [("tp", 2)]}, "non-empty dict"),
+    ({"layout": [("tp", 2)]}, "must be a dict of mesh dimension"),
 ])
 def test_bad_input_fails_before_any_process(kwargs, message, monkeypatch):
     import course_lib.capstone.measure as measure
@@ -262,9 +263,9 @@ def test_chapter_12s_run_writes_in_the_corpus_style():
     from course_lib.common.models import get_config
     from test_whole_game import PRINTABLE_MARGIN, WORDS_MARGIN
     r = train_gpt({"dp": 2}, preset="tiny", steps=200, batch_size=16, eval_every=20)
-    assert r["val_losses"][-1][1] < r["val_losses"][0][1] - 0.3  # it learns what it never read
+    assert r.val_losses[-1][1] < r.val_losses[0][1] - 0.3  # it learns what it never read
     tiny = get_config("tiny")
     before = generate(model_from(tiny), n_bytes=160)
-    after = generate(model_from(tiny, r["params"]), n_bytes=160)
+    after = generate(model_from(tiny, r.params), n_bytes=160)
     assert printable_share(after) >= printable_share(before) + PRINTABLE_MARGIN, (before, after)
     assert word_overlap(after) >= word_overlap(before) + WORDS_MARGIN, (before, after)

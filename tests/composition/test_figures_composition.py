@@ -12,6 +12,8 @@ from matplotlib.patches import Rectangle
 
 from course_lib.composition.mesh import show_meshes
 from course_lib.composition.schedule_order import torch_schedule_order
+from course_lib.composition.layout import Layout
+from course_lib.composition.measure import ParallelReport, RankBytes
 from course_lib.composition.show import bytes_summary, plot_mesh, plot_schedule_order
 from figure_checks import too_small  # noqa: E402
 
@@ -70,10 +72,10 @@ def test_schedule_figure_draws_torchs_plan(p):
 
 
 def _report(*states):
-    ranks = [{"rank": r, **{f"bytes_{k}": {"params": s, "grads": s, "optimizer": 2 * s,
-                                           "model_states": 4 * s} for k in ("measured", "predicted")}}
+    ranks = [RankBytes(r, *({"params": s, "grads": s, "optimizer": 2 * s, "model_states": 4 * s}
+                            for _ in ("measured", "predicted")))
              for r, s in enumerate(states)]
-    return {"ranks": ranks}
+    return ParallelReport(Layout(dp=len(states)), len(states), 0.0, 0.0, 1e-4, 1e-6, ranks)
 
 
 def test_bytes_summary_folds_equal_ranks_and_names_a_difference():
@@ -82,7 +84,7 @@ def test_bytes_summary_folds_equal_ranks_and_names_a_difference():
                     "ranks 4-7 28 B)")
     assert details.count("<tr>") == 1 + 16 and details.startswith("<details>")
     broken = _report(10, 10)
-    broken["ranks"][1]["bytes_measured"] = {**broken["ranks"][1]["bytes_measured"], "grads": 11}
+    broken.ranks[1].bytes_measured = {**broken.ranks[1].bytes_measured, "grads": 11}
     assert bytes_summary(broken)[0].startswith("1 of 2 ranks differ: 1")
 
 
