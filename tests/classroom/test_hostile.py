@@ -19,10 +19,10 @@ import time
 import psutil
 import pytest
 
-from tests.classroom.edition import answered_notebook
-from tests.classroom.grade import SandboxUnavailable, grade_folder
-from tests.classroom.gradebook import write_gradebook
-from tests.classroom.sandbox import FIRST_UID, why_not
+from tools.classroom.edition import answered_notebook
+from tools.classroom.grade import SandboxUnavailable, grade_folder
+from tools.classroom.gradebook import write_gradebook
+from tools.classroom.sandbox import FIRST_UID, why_not
 
 from processes import rank_processes
 
@@ -176,14 +176,14 @@ def test_two_files_of_the_same_name_get_their_own_headings(batch):
 
 
 def test_without_a_sandbox_untrusted_work_is_refused(tmp_path, monkeypatch):
-    import tests.classroom.grade as grade
+    import tools.classroom.grade as grade
     monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
     with pytest.raises(SandboxUnavailable, match="simulated: not root.*--trusted"):
         grade_folder(tmp_path)
 
 
 def test_trusted_work_is_graded_without_a_sandbox(tmp_path, monkeypatch):
-    import tests.classroom.grade as grade
+    import tools.classroom.grade as grade
     monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
     monkeypatch.setattr(grade, "_REFERENCE", {})
     chapter = tmp_path / "98_hostile.ipynb"

@@ -1,4 +1,4 @@
-"""``python -m tests.classroom.grade_one``: one submission's exercises, run inside its sandbox.
+"""``python -m tools.classroom.grade_one``: one submission's exercises, run inside its sandbox.
 
 Reads a job (JSON on stdin: the published cells, the exercises, the student's answers, the
 limits) and writes, on the pipe ``COURSE_RESULT_FD`` (inherited by nothing it starts; this
@@ -15,7 +15,7 @@ process is made non-dumpable, so the kernel it starts, same uid, cannot open it 
 
 Values cross as the ``repr`` of plain data (numbers, strings, lists, tuples, dicts, tensors as
 lists); the grader parses them with ``ast.literal_eval`` and computes the value checks'
-verdicts itself (:mod:`tests.classroom.grade`), so nothing a submission patches in its kernel
+verdicts itself (:mod:`tools.classroom.grade`), so nothing a submission patches in its kernel
 changes a value check's verdict.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import os
 import sys
 
-from tests.classroom.session import Session
+from tools.classroom.session import Session
 
 VALUE_CHECKS = ("check_number", "check_close", "check_choice")
 _PR_SET_DUMPABLE = 4

@@ -4,7 +4,7 @@ A submission's chapter comes from its content (the student edition's ``course`` 
 the chapter whose markdown it shares most), never from its file name. Each exercise's answer is
 read from the submitted cell holding the same ``check_*`` calls: the cell's other statements,
 minus those the published cell has too. Each submission runs in a sandbox of its own
-(:mod:`tests.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
+(:mod:`tools.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
 kernel and, at each exercise, the published cell with the student's answer in place of the
 stub, in a copy of the namespace. Value checks (``check_number``, ``check_close``,
 ``check_choice``) are decided here, from the plain data the sandbox sends back, against the
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from course_lib.exercises import Feedback, check_choice, check_close, check_number
-from tests.classroom.edition import CHAPTERS, _source, find_exercises
-from tests.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
+from tools.classroom.edition import CHAPTERS, _source, find_exercises
+from tools.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
 
 from exercise_cells import _is_stub, with_answer  # noqa: E402  (edition put tests/ on sys.path)
 
@@ -271,7 +271,7 @@ def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) ->
     for key in ("VIRTUAL_ENV", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         if key in os.environ:
             env[key] = os.environ[key]
-    argv = [sys.executable, "-m", "tests.classroom.grade_one"]
+    argv = [sys.executable, "-m", "tools.classroom.grade_one"]
     budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
     stdin = json.dumps(job).encode()
     if why_not() is None:
@@ -335,7 +335,7 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
                    chapters: list[Path] = CHAPTERS, trusted: bool = False,
                    hide: tuple = ()) -> Result:
     """Grade one submitted notebook against the published ``chapters`` (default: the course's),
-    in a sandbox of its own (:mod:`tests.classroom.sandbox`); the verdicts are computed here."""
+    in a sandbox of its own (:mod:`tools.classroom.sandbox`); the verdicts are computed here."""
     start = time.monotonic()
     try:
         if Path(path).stat().st_size > MAX_NOTEBOOK_BYTES:
