@@ -5,7 +5,7 @@
 
 ``sandbox`` (as root): each submission in its own sandbox, value verdicts computed outside
 (issue 49); ``trusted``: the same runner without a sandbox (``--trusted``); ``baseline``: the
-in-kernel grader before issue 49 (its ``tools/classroom/grade.py`` read from git, commit
+in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
 ``504d0f9``), all checks in the student's kernel.
 
 Per chapter it grades the solutions, the student edition and one listed mistake (the first
@@ -54,11 +54,12 @@ def _grader(mode: str):
         return lambda folder, progress: grade_folder(folder, progress=progress,
                                                      trusted=mode == "trusted")
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(["git", "show", f"{BASELINE}:tools/classroom/grade.py"], cwd=root,
+    source = subprocess.run(["git", "show", f"{BASELINE}:tests/classroom/grade.py"], cwd=root,
                             capture_output=True, text=True, check=True).stdout
+    source = source.replace("tests.classroom.", "tools.classroom.")  # where they live now
     path = Path(tempfile.mkdtemp()) / "grade_baseline.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("tools.classroom.grade_baseline", path)
+    spec = importlib.util.spec_from_file_location("grade_baseline", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -1,0 +1,102 @@
+"""The grader's verdicts come from replaying what an answer produced: the replay must give every
+exercise's solution the verdict the check gives it in the notebook (PASS), and each listed
+mistake its NOT YET, on real ranks. Each function exercise's cell runs here twice, without its
+chapter: recording the answer (as the sandbox does), then the published check with the answer
+replayed from the records (as the grader's clean kernel does); exercises whose cell needs an
+earlier cell of its chapter are left to ``test_grader.py`` / ``test_hostile.py``."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from course_lib.exercises import Feedback
+from tools.classroom.edition import CHAPTERS
+from tools.classroom.grade import _job
+from tools.classroom.replay import Recorded, Replayed, record, replay
+
+from exercise_cells import find_exercises, stubs
+
+PRELUDE = ("import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
+           "import torch.nn.functional as F\nfrom course_lib import *\n")
+
+
+def _cases():
+    for chapter in CHAPTERS:
+        cells = json.loads(chapter.read_text())["cells"]
+        exercises = find_exercises(cells)
+        for k, e in enumerate(exercises):
+            if stubs(e.source)[1]:
+                for label, code in [("solution", e.solution), *e.wrongs[:1]]:
+                    yield pytest.param(cells, exercises, k, label, code,
+                                       id=f"{chapter.stem[:2]}-{k}-{label}")
+
+
+def _run(code: str, names: dict) -> list[bool]:
+    seen = []
+    ns = {"__record": lambda v: (seen.append(v) if isinstance(v, Feedback) else None, v)[1],
+          **names}
+    exec(PRELUDE, ns)
+    exec(code, ns)
+    return [f.passed for f in seen]
+
+
+@pytest.mark.parametrize("cells, exercises, k, label, code", list(_cases()))
+def test_a_replayed_answer_gets_the_verdict_it_gets_in_the_notebook(cells, exercises, k, label,
+                                                                    code):
+    answers = [e.solution for e in exercises]
+    answers[k] = code
+    job = _job(cells, exercises, answers, 60, 10 ** 6)
+    if not job["exercises"][k]["replay"]:
+        pytest.skip("a class answer is checked inside the sandbox")
+    folder = tempfile.mkdtemp()
+    try:
+        try:
+            inside = _run(job["answers"][k]["code"], {"__course_record": record,
+                                                      "__course_folder": folder})
+        except NameError as err:
+            pytest.skip(f"needs an earlier cell of its chapter ({err})")
+        replayed = _run(job["exercises"][k]["judge"], {"__course_replay": replay,
+                                                       "__course_folder": folder})
+    finally:
+        shutil.rmtree(folder)
+    if label == "solution" and not all(inside):   # a NameError on the ranks
+        pytest.skip("its solution needs an earlier cell of its chapter")
+    assert inside and replayed == inside, (inside, replayed)
+    assert all(replayed) == (label == "solution"), replayed
+
+
+def test_a_call_the_sandbox_did_not_make_fails_and_an_input_returned_stays_that_input():
+    folder = tempfile.mkdtemp()
+    try:
+        params = [torch.zeros(2), torch.ones(3)]
+        Recorded(lambda ps, cap: [[ps[1]], [ps[0]]], "buckets", folder)(params, 4)
+        theirs = [torch.zeros(2), torch.ones(3)]   # the clean kernel's own parameters
+        got = Replayed("buckets", folder)(theirs, 4)
+        assert got[0][0] is theirs[1] and got[1][0] is theirs[0]
+        with pytest.raises(RuntimeError, match="not called this way in your sandbox"):
+            Replayed("buckets", folder)(theirs, 4)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_in_place_changes_and_gradients_are_replayed():
+    folder = tempfile.mkdtemp()
+    try:
+        model = torch.nn.Linear(2, 1)
+        model.weight.grad = torch.ones(1, 2)
+
+        def halve(m):
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad /= 2
+        Recorded(halve, "halve", folder)(model)
+        clean = torch.nn.Linear(2, 1)
+        clean.weight.grad = torch.full((1, 2), 7.0)
+        Replayed("halve", folder)(clean)
+        assert torch.equal(clean.weight.grad, torch.full((1, 2), 0.5))   # what it did there
+    finally:
+        shutil.rmtree(folder)
