@@ -7,6 +7,7 @@ earlier cell of its chapter are left to ``test_grader.py`` / ``test_hostile.py``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shutil
 import tempfile
 
@@ -100,3 +101,25 @@ def test_in_place_changes_and_gradients_are_replayed():
         assert torch.equal(clean.weight.grad, torch.full((1, 2), 0.5))   # what it did there
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_path_below_a_path_argument_is_replayed_below_the_clean_checks_own(tmp_path):
+    # chapter 06's check copies the crashed run into a fresh temp folder, then calls fn(copy)
+    folder = str(tmp_path / "records")
+    (tmp_path / "records").mkdir()
+    pick = Recorded(lambda root: (Path(root) / "step_000004", root + "/step_000002", root),
+                    "latest", folder)
+    pick(str(tmp_path / "sandbox_copy"))
+    got = Replayed("latest", folder)(str(tmp_path / "clean_copy"))
+    assert got == (tmp_path / "clean_copy" / "step_000004",
+                   str(tmp_path / "clean_copy" / "step_000002"), str(tmp_path / "clean_copy"))
+
+
+def test_values_replay_as_they_were_stub_included(tmp_path):
+    for k, value in enumerate([..., None, 42, 2.5, "step_000004", [1, (2, "x")], {"a": 1.0},
+                               torch.arange(3)]):
+        record(value, f"v{k}", str(tmp_path), False)
+        got = replay(f"v{k}", str(tmp_path), False)
+        assert type(got) is type(value) and (torch.equal(got, value) if k == 7 else got == value)
+    record({1, 2}, "a_set", str(tmp_path), False)   # not plain data: an opaque stand-in
+    assert repr(replay("a_set", str(tmp_path), False)).startswith("<a set")

@@ -18,14 +18,16 @@ hooks); such an exercise is checked inside the sandbox (see docs/teaching.md).
 from __future__ import annotations
 
 import builtins
+import io
 import os
 from pathlib import PurePath
 from typing import Any
 
 import torch
 
-INPUT, PATH, OPAQUE, RAISED = "__course_input__", "__course_path__", "__course_opaque__", \
-    "__course_raised__"
+INPUT, PATH, OPAQUE, UNDER = "__course_input__", "__course_path__", "__course_opaque__", \
+    "__course_under__"
+ELLIPSIS = ("__course_ellipsis__",)   # `...`, the stub's "not answered yet"
 MAX_RECORD = 64 << 20  # bytes one call's record may take when read back
 
 
@@ -56,7 +58,24 @@ def _inputs(value: Any, found: dict | None = None, depth: int = 0) -> list[torch
     return list(found.values())
 
 
-def _encode(value: Any, ids: dict[int, int], depth: int = 0) -> Any:
+def _paths(args: tuple, kwargs: dict) -> list[str]:
+    """The arguments that are paths (a folder the check made, e.g. a copy in a temp folder)."""
+    return [str(a) if isinstance(a, (str, PurePath)) else "" for a in [*args, *kwargs.values()]]
+
+
+def _under(value: str, paths: list[str]) -> tuple | None:
+    """``value`` as (argument index, the rest) if it is one of the path arguments or below it."""
+    for i, p in sorted(enumerate(paths), key=lambda x: -len(x[1])):
+        if p and (value == p or value.startswith(p.rstrip("/") + "/")):
+            return i, value[len(p):].lstrip("/")
+    return None
+
+
+def _encode(value: Any, ids: dict[int, int], depth: int = 0, paths: list[str] = ()) -> Any:
+    if isinstance(value, (str, PurePath)) and paths:
+        under = _under(str(value), list(paths))
+        if under is not None:   # replayed below the clean check's own folder
+            return (UNDER, under[0], under[1], isinstance(value, PurePath))
     if depth > 30:
         return (OPAQUE, "something nested too deeply")
     if isinstance(value, torch.Tensor):
@@ -65,15 +84,18 @@ def _encode(value: Any, ids: dict[int, int], depth: int = 0) -> Any:
         return value.detach().clone() if not value.is_meta else (OPAQUE, "meta tensor")
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
+    if value is Ellipsis:
+        return ELLIPSIS
     if isinstance(value, (torch.dtype, torch.Size)):
         return value
     if isinstance(value, PurePath):
         return (PATH, str(value))
     if isinstance(value, (list, tuple)):
-        return type(value)(_encode(v, ids, depth + 1) for v in value) if type(value) in (list, tuple) \
-            else tuple(_encode(v, ids, depth + 1) for v in value)
+        return type(value)(_encode(v, ids, depth + 1, paths) for v in value) \
+            if type(value) in (list, tuple) else tuple(_encode(v, ids, depth + 1, paths)
+                                                       for v in value)
     if isinstance(value, dict):
-        return {k: _encode(v, ids, depth + 1) for k, v in value.items()
+        return {k: _encode(v, ids, depth + 1, paths) for k, v in value.items()
                 if isinstance(k, (str, int, float, bool, tuple))}
     if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
         return value.item()
@@ -90,7 +112,14 @@ class Opaque:
         return f"<a {self.what}>"
 
 
-def _decode(value: Any, inputs: list[torch.Tensor]) -> Any:
+def _decode(value: Any, inputs: list[torch.Tensor], paths: list[str] = ()) -> Any:
+    if isinstance(value, tuple) and value == ELLIPSIS:
+        return Ellipsis
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == UNDER and \
+            isinstance(value[1], int) and 0 <= value[1] < len(paths) and paths[value[1]]:
+        from pathlib import Path
+        joined = Path(paths[value[1]]) / str(value[2]) if value[2] else Path(paths[value[1]])
+        return joined if value[3] else str(joined) if value[2] else paths[value[1]]
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
         if value[0] == INPUT and isinstance(value[1], int) and 0 <= value[1] < len(inputs):
             return inputs[value[1]]
@@ -100,9 +129,9 @@ def _decode(value: Any, inputs: list[torch.Tensor]) -> Any:
         if value[0] == OPAQUE:
             return Opaque(str(value[1]))
     if isinstance(value, (list, tuple)):
-        return type(value)(_decode(v, inputs) for v in value)
+        return type(value)(_decode(v, inputs, paths) for v in value)
     if isinstance(value, dict):
-        return {k: _decode(v, inputs) for k, v in value.items()}
+        return {k: _decode(v, inputs, paths) for k, v in value.items()}
     return value
 
 
@@ -142,8 +171,17 @@ def _save(folder: str, key: str, record: dict) -> None:
             break
         except FileExistsError:
             n += 1
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    try:   # what the clean kernel could not read back becomes an opaque value now
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:  # noqa: BLE001 - a type weights_only refuses (a set, a class, ...)
+        buffer = io.BytesIO()
+        torch.save({**record, "out": (OPAQUE, f"{type(record.get('out')).__name__} "
+                                              "(not plain data)")}, buffer)
     with os.fdopen(fd, "wb") as f:
-        torch.save(record, f)
+        f.write(buffer.getvalue())
 
 
 def _load(folder: str, key: str) -> dict:
@@ -228,7 +266,8 @@ class Recorded:
             raise
         tap = bool(diff) and isinstance(out, torch.Tensor) and out.grad_fn is not None
         ids = {id(t): i for i, t in enumerate(tensors)}
-        _save(self.folder, key, {"out": _encode(out, ids), "effects": _changes(tensors, before),
+        _save(self.folder, key, {"out": _encode(out, ids, 0, _paths(args, kwargs)),
+                                 "effects": _changes(tensors, before),
                                  "tapped": tap})
         if tap:
             return _Tap.apply(self, key, [called[i] for i in diff], [out],
@@ -264,7 +303,7 @@ class Replayed:
                     t.copy_(change["data"])
             if "grad" in change and t.is_leaf:
                 t.grad = change["grad"]
-        out = _decode(record.get("out"), tensors)
+        out = _decode(record.get("out"), tensors, _paths(args, kwargs))
         diff = _differentiable(args)
         if record.get("tapped") and diff and isinstance(out, torch.Tensor):
             return _ReplayTap.apply(self, key, [out], *[args[i] for i in diff])
