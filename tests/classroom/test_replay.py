@@ -123,3 +123,17 @@ def test_values_replay_as_they_were_stub_included(tmp_path):
         assert type(got) is type(value) and (torch.equal(got, value) if k == 7 else got == value)
     record({1, 2}, "a_set", str(tmp_path), False)   # not plain data: an opaque stand-in
     assert repr(replay("a_set", str(tmp_path), False)).startswith("<a set")
+
+
+def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
+    from tools.classroom.grade import _exercise_verdict
+    [chapter] = [c for c in CHAPTERS if c.stem.startswith("02")]
+    cells = json.loads(chapter.read_text())["cells"]
+    exercises = find_exercises(cells)
+    job = _job(cells, exercises, [e.solution for e in exercises], 60, 10 ** 6)
+    [k] = [k for k, e in enumerate(exercises) if "class MyDDP" in e.source]
+    assert not job["exercises"][k]["replay"] and "__course_record" not in job["answers"][k]["code"]
+    assert all(x["replay"] for j, x in enumerate(job["exercises"]) if j != k)
+    entry = {"inside": {"passed": [True], "messages": ["[DDP by hand] PASS: ..."], "error": None}}
+    passed, lines = _exercise_verdict(entry, None, False, 60, 10 ** 6)
+    assert passed and "checked inside your sandbox" in lines[-1]

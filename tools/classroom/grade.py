@@ -233,8 +233,8 @@ def _job(published: list, exercises: list, answers: list, time_limit: float,
             "exercises": [{"cell": e.cell, "replay": r, "judge": _judging(e.source, n)}
                           for e, n, r in zip(exercises, names, replayable)],
             "answers": [{"error": str(a), "code": None} if isinstance(a, ValueError) else
-                        {"error": None, "code": _recording(e.source, a, n)}
-                        for a, e, n in zip(answers, exercises, names)]}
+                        {"error": None, "code": _recording(e.source, a, n if r else [])}
+                        for a, e, n, r in zip(answers, exercises, names, replayable)]}
 
 
 _UIDS = iter(range(FIRST_UID + (os.getpid() % 1000) * 1000, FIRST_UID + 2_000_000))
