@@ -3,16 +3,16 @@
     python benchmarks/bench_grader.py [--mode sandbox|trusted|baseline] [CHAPTER_STEM ...]
     # default: sandbox, 00_start_here 01_training_memory
 
-``sandbox`` (as root): each submission in its own sandbox, value verdicts computed outside
-(issue 49); ``trusted``: the same runner without a sandbox (``--trusted``); ``baseline``: the
-in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
+``sandbox`` (as root): each submission in its own sandbox, then its answers replayed in a
+second, clean sandbox that makes every verdict (issue 49); ``trusted``: the same runner without
+a sandbox (``--trusted``); ``baseline``: the in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
 ``504d0f9``), all checks in the student's kernel.
 
 Per chapter it grades the solutions, the student edition and one listed mistake (the first
 ``exercise_wrong`` of the chapter, else the stub of its last exercise kept), each in its own fresh
 kernel as ``python -m tools.classroom grade`` does, and prints seconds per notebook, the total
-and the load average (the time is dominated by re-running each chapter's published cells, once
-per submission: a chapter's cost is about its nbval time).
+and the load average (the time is dominated by re-running each chapter's published cells, twice
+per submission: a chapter's cost is about twice its nbval time).
 """
 from __future__ import annotations
 
