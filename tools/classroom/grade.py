@@ -332,6 +332,11 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
         entries = json.loads(report["result"].decode("utf-8")) if report["result"] else None
     except ValueError:
         entries = None
+    if isinstance(entries, dict) and "published_failed" in entries:  # not the student's doing
+        failed = f"{chapter.stem} {str(entries['published_failed'])[:500]}"
+        result.error = failed
+        result.exercises = [ExerciseResult(n, False, [f"not graded: {failed}"]) for n in names]
+        return result
     if not isinstance(entries, list) or len(entries) != len(exercises) or \
             not all(isinstance(e, dict) for e in entries):
         why = {"time": "the submission ran past its time budget",
