@@ -3,16 +3,16 @@
     python benchmarks/bench_grader.py [--mode sandbox|trusted|baseline] [CHAPTER_STEM ...]
     # default: sandbox, 00_start_here 01_training_memory
 
-``sandbox`` (as root): each submission in its own sandbox, value verdicts computed outside
-(issue 49); ``trusted``: the same runner without a sandbox (``--trusted``); ``baseline``: the
-in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
+``sandbox`` (as root): each submission in its own sandbox, then its answers replayed in a
+second, clean sandbox that makes every verdict (issue 49); ``trusted``: the same runner without
+a sandbox (``--trusted``); ``baseline``: the in-kernel grader before issue 49 (its ``tests/classroom/grade.py`` read from git, commit
 ``504d0f9``), all checks in the student's kernel.
 
 Per chapter it grades the solutions, the student edition and one listed mistake (the first
 ``exercise_wrong`` of the chapter, else the stub of its last exercise kept), each in its own fresh
-kernel as ``python -m tests.classroom grade`` does, and prints seconds per notebook, the total
-and the load average (the time is dominated by re-running each chapter's published cells, once
-per submission: a chapter's cost is about its nbval time).
+kernel as ``python -m tools.classroom grade`` does, and prints seconds per notebook, the total
+and the load average (the time is dominated by re-running each chapter's published cells, twice
+per submission: a chapter's cost is about twice its nbval time).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.classroom.edition import CHAPTERS, answered_notebook, student_notebook  # noqa: E402
-from tests.classroom.grade import grade_folder  # noqa: E402
+from tools.classroom.edition import CHAPTERS, answered_notebook, student_notebook  # noqa: E402
+from tools.classroom.grade import grade_folder  # noqa: E402
 
 from exercise_cells import find_exercises  # noqa: E402
 
@@ -56,9 +56,10 @@ def _grader(mode: str):
     root = Path(__file__).resolve().parents[1]
     source = subprocess.run(["git", "show", f"{BASELINE}:tests/classroom/grade.py"], cwd=root,
                             capture_output=True, text=True, check=True).stdout
+    source = source.replace("tests.classroom.", "tools.classroom.")  # where they live now
     path = Path(tempfile.mkdtemp()) / "grade_baseline.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("tests.classroom.grade_baseline", path)
+    spec = importlib.util.spec_from_file_location("grade_baseline", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -172,13 +172,13 @@ def _exists(token: str) -> bool:
         return True
     if "/" in token:
         return False
-    return any(any(REPO.glob(f"{top}/**/{token}")) for top in ("course_lib", "tests", "docs"))
+    return any(any(REPO.glob(f"{top}/**/{token}")) for top in ("course_lib", "tests", "tools", "docs"))
 
 
 def test_every_file_the_page_names_exists():
     tokens = set(re.findall(r"`([^`\s]+)`", PAGE))
     paths = [t for t in tokens
-             if re.search(r"\.(py|json|toml|md|cfg|txt|ipynb)$|/$|^\.ci/|^(tests|benchmarks|data|docs)/", t)
+             if re.search(r"\.(py|json|toml|md|cfg|txt|ipynb)$|/$|^\.ci/|^(tests|tools|benchmarks|data|docs)/", t)
              and not re.search(r"[<>*{}…]|NAME|NN_|^_build/", t)]
     assert len(paths) > 100
     assert [t for t in sorted(paths) if not _exists(t)] == []

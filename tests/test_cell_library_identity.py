@@ -5,7 +5,7 @@ editable copy of that module's functions and classes (d2l's ``#@save``, kept hon
 top-level ``def``/``class`` in the cell must be identical, as an AST (docstrings included,
 comments and formatting not), to the definition of the same name in the module. Later chapters,
 the checks and the unit tests import the module; the learner edits and reruns the cell.
-``python -m tests.sync_cells`` (``tests/sync_cells.py``, which holds the comparison) writes the
+``python -m tools.sync_cells`` (``tools/sync_cells.py``, which holds the comparison) writes the
 module's definitions into the cells. A cell tagged ``"script_copy": "course_lib/scripts/NAME.py"``
 is a ``%%torchrun NPROC NAME.py`` line followed by the whole script, byte for byte.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from sync_cells import (COMMAND, KEY, NOTEBOOKS, drift, module_path, script_cells, script_drift,
+from tools.sync_cells import (COMMAND, KEY, NOTEBOOKS, drift, module_path, script_cells, script_drift,
                         script_path, tagged_cells)
 
 

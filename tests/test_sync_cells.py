@@ -1,4 +1,4 @@
-"""``python -m tests.sync_cells``: it writes a drifted definition back from the library, leaves
+"""``python -m tools.sync_cells``: it writes a drifted definition back from the library, leaves
 everything else in the notebook byte for byte, and ``--check`` lists the drift and exits 1."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sync_cells import NOTEBOOKS, ROOT, main, module_path, synced
+from tools.sync_cells import NOTEBOOKS, ROOT, main, module_path, synced
 
 CHAPTER = ROOT / "notebooks" / "06_fault_tolerance.ipynb"
 MODULE = "course_lib.fault_tolerance.commit"
@@ -80,7 +80,7 @@ def test_sync_writes_the_drifted_definition_back_and_nothing_else(drifted):
 def test_check_lists_the_drift_writes_nothing_and_exits_1(drifted):
     path, k, untagged = drifted
     before = path.read_bytes()
-    done = subprocess.run([sys.executable, "-m", "tests.sync_cells", "--check", str(path)],
+    done = subprocess.run([sys.executable, "-m", "tools.sync_cells", "--check", str(path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert done.stdout.strip() == f"{path.name} cell {k}: {NAME} differs from {MODULE}.{NAME}"
@@ -129,3 +129,13 @@ def test_a_drifted_script_cell_gets_the_script_back_under_its_own_magic_line(tmp
     assert "".join(_cells(path)[-1]["source"]) == ("%%torchrun 4 ddp.py --no-reference\n"
                                                    + script.read_text())
     assert main(["--check", str(path)]) == 0
+
+
+def test_the_old_command_warns_and_forwards(drifted):
+    """``python -m tests.sync_cells`` (before the move to tools/) still works one release."""
+    path, k, _ = drifted
+    done = subprocess.run([sys.executable, "-m", "tests.sync_cells", "--check", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr          # it ran: the drifted cell is listed
+    assert f"cell {k}: {NAME} differs" in done.stdout
+    assert "DeprecationWarning" in done.stderr and "python -m tools.sync_cells" in done.stderr

@@ -1,11 +1,2 @@
-"""Teaching tools outside the package: the student edition and the autograder.
-
-    python -m tests.classroom student OUT_DIR [notebook.ipynb ...]
-    python -m tests.classroom grade SUBMISSIONS_DIR OUT_DIR [--time-limit S] [--output-cap BYTES]
-
-``edition`` writes the chapters without their Solution blocks; ``grade`` runs each submitted
-exercise's check in a fresh kernel after the *original* notebook's cells (``session`` contains
-what a submission does) and ``gradebook`` writes the CSV and the HTML feedback. Exercises are
-found by ``tests/exercise_cells.py``, the same code that tests them under nbval. See
-docs/teaching.md.
-"""
+"""Tests of the classroom tool (``tools/classroom``). ``python -m tests.classroom`` is the old
+command: it warns and forwards to ``python -m tools.classroom`` (kept one release)."""

@@ -2,15 +2,16 @@
 import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.classroom.edition import (CHAPTERS, SOLUTION_BLOCK, _body, python_only, student_notebook,
+from tools.classroom.edition import (CHAPTERS, SOLUTION_BLOCK, _body, python_only, student_notebook,
                                     write_edition)
-from tests.classroom.grade import identify
+from tools.classroom.grade import identify
 
 from exercise_cells import _source, find_exercises
-from sync_cells import module_path
+from tools.sync_cells import module_path
 
 FENCE = re.compile(r"```python\n.*?```", re.S)
 
@@ -106,3 +107,16 @@ def test_each_hidden_definition_is_imported_from_the_library_instead(editions):
                     assert {a.name for a in node.names} <= defined, line
                     imported |= {a.name for a in node.names}
     assert imported >= {"DDPByHand"}  # 02 (03 and 04 no longer type an answer)
+
+
+def test_the_old_command_warns_and_forwards(tmp_path):
+    """``python -m tests.classroom`` (before the move to tools/) still works one release."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tests.classroom", "student", str(tmp_path),
+                           str(root / "notebooks" / "00_start_here.ipynb")], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "00_start_here.ipynb").is_file()
+    assert "DeprecationWarning" in done.stderr and "python -m tools.classroom" in done.stderr

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tests.classroom.edition import CHAPTERS, answered_notebook, student_notebook
-from tests.classroom.grade import extract_answer, grade_folder
-from tests.classroom.gradebook import write_gradebook
+from tools.classroom.edition import CHAPTERS, answered_notebook, student_notebook
+from tools.classroom.grade import extract_answer, grade_folder
+from tools.classroom.gradebook import write_gradebook
 
 from processes import rank_processes
 

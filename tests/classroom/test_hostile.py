@@ -4,8 +4,7 @@ The tricks that beat the in-kernel grader: rebinding a name the check uses, patc
 code or the ``Feedback`` class (which carried over to the next exercise), reading another
 submission and the teacher's 0600 key, writing the course's files, a double-forked daemon
 listening on a port, killing the grader (``os.kill(os.getppid())``, ``os.kill(-1)``), 25 MB of
-raw output, a 3 GiB allocation, two files of the same name. None may change its own grade on a
-value exercise, reach another's files, outlive the batch, or stop it; the honest submissions keep
+raw output, a 3 GiB allocation, two files of the same name. None may change its own grade, reach another's files, outlive the batch, or stop it; the honest submissions keep
 full marks. Needs root on Linux (a uid, a cgroup and namespaces per submission): skipped
 elsewhere with the reason, required in CI (``COURSE_REQUIRE_SANDBOX=1``).
 """
@@ -19,10 +18,10 @@ import time
 import psutil
 import pytest
 
-from tests.classroom.edition import answered_notebook
-from tests.classroom.grade import SandboxUnavailable, grade_folder
-from tests.classroom.gradebook import write_gradebook
-from tests.classroom.sandbox import FIRST_UID, why_not
+from tools.classroom.edition import answered_notebook
+from tools.classroom.grade import SandboxUnavailable, grade_folder
+from tools.classroom.gradebook import write_gradebook
+from tools.classroom.sandbox import FIRST_UID, why_not
 
 from processes import rank_processes
 
@@ -84,6 +83,20 @@ def _hostile(paths: dict) -> dict[str, dict]:
                      "        time.sleep(600)\n    os._exit(0)\n"
                      "answer = 0 if seen else 42",
                   1: DOUBLE},
+        # faking the verdict in its own interpreter: the feedback class passes everything, the
+        # check function's code is replaced (a route the "redefines check_*" refusal does not
+        # see), course_lib.check_true is rebound; its answers are wrong
+        "faker": {0: "import course_lib.exercises as m\nmade = m.Feedback.__init__\n"
+                     "def passing(self, passed, *a, **k):\n    made(self, True, *a, **k)\n"
+                     "m.Feedback.__init__ = passing\nanswer = 0",
+                  1: "import course_lib, course_lib.exercises as m\n"
+                     "fake = lambda run, name='exercise': m.Feedback(True, 'faked', name)\n"
+                     "inside = lambda run, name='exercise': Feedback(True, 'faked', name)\n"
+                     "m.check_true.__code__ = inside.__code__  # runs in course_lib.exercises\n"
+                     "course_lib.check_true = fake\nglobals()['check_' + 'true'] = fake\n"
+                     "def double(x):\n    return 0"},
+        # choosing the check's input: the check calls double(base), the answer sets base = 0
+        "rebinder": {0: "answer = 42", 1: "base = 0\ndef double(x):\n    return 0"},
         # killing the grader, and every process it may signal
         "killer": {0: "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
                       "os.kill(-1, signal.SIGKILL)\nanswer = 42", 1: DOUBLE},
@@ -130,11 +143,20 @@ def test_honest_submissions_keep_their_marks_beside_hostile_ones(batch):
 
 
 @needs_sandbox
-def test_patching_its_interpreter_does_not_change_a_value_verdict(batch):
-    # exercise 0 is a value check: its verdict is computed outside, against the reference run
-    # (exercise 1's check runs beside the student's code: docs/teaching.md says it can be faked)
-    result = batch[0]["patcher"]
-    assert verdicts(result)[0] is False, result
+def test_patching_its_interpreter_does_not_change_a_verdict(batch):
+    # both verdicts come from a clean kernel that replays what the answers produced: the
+    # patches (a builtin, the Feedback class, check_true's code, the name) stay in the sandbox
+    for name in ("patcher", "faker"):
+        assert verdicts(batch[0][name]) == [False, False], batch[0][name]
+    assert "faked" not in str(batch[0]["faker"].exercises[1].feedback)
+
+
+@needs_sandbox
+def test_the_check_chooses_the_inputs_not_the_submission(batch):
+    # in its sandbox the check called double(0) (base rebound): 0 was right there; the clean
+    # kernel's check calls double(41) and gets the recorded 0
+    result = batch[0]["rebinder"]
+    assert verdicts(result) == [True, False], result
 
 
 @needs_sandbox
@@ -176,16 +198,15 @@ def test_two_files_of_the_same_name_get_their_own_headings(batch):
 
 
 def test_without_a_sandbox_untrusted_work_is_refused(tmp_path, monkeypatch):
-    import tests.classroom.grade as grade
+    import tools.classroom.grade as grade
     monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
     with pytest.raises(SandboxUnavailable, match="simulated: not root.*--trusted"):
         grade_folder(tmp_path)
 
 
 def test_trusted_work_is_graded_without_a_sandbox(tmp_path, monkeypatch):
-    import tests.classroom.grade as grade
+    import tools.classroom.grade as grade
     monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
-    monkeypatch.setattr(grade, "_REFERENCE", {})
     chapter = tmp_path / "98_hostile.ipynb"
     chapter.write_text(json.dumps(CHAPTER))
     folder = tmp_path / "in"

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tests.classroom.session import Session
+from tools.classroom.session import Session
 
 
 @pytest.fixture(scope="module")

@@ -271,7 +271,7 @@ print(json.dumps(out))
 def _list_as_another_user(ports: list[int]) -> tuple[dict, str]:
     """Run LISTER as a second real user: a fresh uid (the grader's sandbox, on the host's
     network) where one can be made, else ``nobody`` or the same user (``_as_another_user``)."""
-    from tests.classroom.sandbox import FIRST_UID, Sandbox, why_not
+    from tools.classroom.sandbox import FIRST_UID, Sandbox, why_not
     if why_not() is None:
         uid = FIRST_UID + 999_000 + os.getpid() % 1000
         with Sandbox(uid, network=False) as box:

@@ -4,12 +4,13 @@ A submission's chapter comes from its content (the student edition's ``course`` 
 the chapter whose markdown it shares most), never from its file name. Each exercise's answer is
 read from the submitted cell holding the same ``check_*`` calls: the cell's other statements,
 minus those the published cell has too. Each submission runs in a sandbox of its own
-(:mod:`tests.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
+(:mod:`tools.classroom.sandbox`), where ``grade_one`` runs the *original* chapter's cells in one
 kernel and, at each exercise, the published cell with the student's answer in place of the
-stub, in a copy of the namespace. Value checks (``check_number``, ``check_close``,
-``check_choice``) are decided here, from the plain data the sandbox sends back, against the
-values a reference run of the published chapter computed (no student code in it); the other
-checks report from inside the sandbox (a submission can fake those, its own only). A time
+stub, in a copy of the namespace, each name the exercise asks for recorded
+(:mod:`tools.classroom.replay`). A second sandbox with no student code runs the published
+chapter and, at each exercise, the published check on those names replayed from the records:
+every verdict and expected value comes from there (an answer that is a class, not replayable,
+is checked inside the submission's sandbox and says so). A time
 limit, an output cap or a dead kernel fails that exercise only; a dead or killed kernel is
 restarted and the cells before are replayed. Where no sandbox can be made, untrusted work is
 refused (:class:`SandboxUnavailable`) unless ``trusted``.
@@ -26,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from course_lib.exercises import Feedback, check_choice, check_close, check_number
-from tests.classroom.edition import CHAPTERS, _source, find_exercises
-from tests.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
+from tools.classroom.edition import CHAPTERS, _source, find_exercises
+from tools.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
 
-from exercise_cells import _is_stub, with_answer  # noqa: E402  (edition put tests/ on sys.path)
+from exercise_cells import _is_stub, stubs, with_answer  # noqa: E402  (edition put tests/ on sys.path)
 
 SETUP_LIMIT = 300.0   # seconds for one of the chapter's own cells (nbval's cell timeout)
 MAX_NOTEBOOK_BYTES = 64 << 20
+RESULT_CAP = 256 << 20   # bytes a sandbox may send back (an answer's records, base64)
 PROTECTED = re.compile(r"^(check_\w*|__record|__course_\w*|Feedback|get_ipython)$")
 @dataclass
 class ExerciseResult:
@@ -163,44 +164,10 @@ class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here and the work was not declared trusted."""
 
 
-VALUE_CHECKS = {"check_number": check_number, "check_close": check_close,
-                "check_choice": check_choice}
-
-
-def _decode(value):
-    """A value the sandbox sent (the ``repr`` of plain data, parsed), with its tensors rebuilt."""
-    if isinstance(value, tuple) and len(value) == 3 and value[0] == "__tensor__":
-        import torch
-        return torch.tensor(_decode(value[1]), dtype=getattr(torch, value[2], None))
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__float__":
-        return float(value[1])
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__unrepresentable__":
-        return Unrepresentable(value[1])
-    if isinstance(value, (list, tuple)):
-        return type(value)(_decode(v) for v in value)
-    if isinstance(value, dict):
-        return {_decode(k): _decode(v) for k, v in value.items()}
-    return value
-
-
-class Unrepresentable:
-    def __init__(self, what):
-        self.what = what
-
-    def __repr__(self):
-        return f"<a {self.what}>"
-
-
-def _parse(text) -> list | None:
-    try:
-        value = ast.literal_eval(text) if isinstance(text, str) else None
-        return _decode(value) if isinstance(value, list) else None
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-
-
-def _exercise_verdict(entry: dict, time_limit: float, cap: int) -> tuple[bool, list[str]]:
-    """The verdict, computed here (outside the sandbox) from what the sandbox sent."""
+def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_limit: float,
+                      cap: int) -> tuple[bool, list[str]]:
+    """The verdict: from the clean judge's run of the published check on what the submission's
+    answer produced (``judged``), or, for a class answer (``replayed`` False), from inside."""
     if entry.get("limit") == "time":
         return False, [f"stopped after the time limit of {time_limit:g} s"]
     if entry.get("limit") == "output":
@@ -210,34 +177,41 @@ def _exercise_verdict(entry: dict, time_limit: float, cap: int) -> tuple[bool, l
                        "memory limit)"]
     if entry.get("error"):
         return False, [f"the grader could not run the cell: {entry['error']}"]
-    inside = entry.get("inside")
-    expected, answers = _parse(entry.get("expected")), _parse((inside or {}).get("answers"))
-    if not isinstance(inside, dict) or expected is None or answers is None:
-        return False, ["the check did not report a verdict"]
-    lines, passed = [], []
-    if len(answers) != len(expected) or any(
-            not (isinstance(a, tuple) and isinstance(e, tuple) and a[0] == e[0])
-            for a, e in zip(answers, expected)):
-        return False, ["the checks did not run as published (your code stopped them or "
-                       "called them itself)"]
-    for (name, args, kwargs), (_, answer) in zip(expected, answers):
-        try:
-            feedback = VALUE_CHECKS[name](answer, *args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - a malformed value: a failed check
-            feedback = Feedback(False, f"your answer could not be checked ({type(err).__name__})",
-                                kwargs.get("name", "exercise") if isinstance(kwargs, dict)
-                                else "exercise")
-        passed.append(bool(feedback.passed))
-        lines.append(str(feedback))
+    if isinstance(entry.get("records"), str):
+        return False, [entry["records"]]
+    inside = entry.get("inside") if isinstance(entry.get("inside"), dict) else {}
+    if replayed and inside.get("error"):   # the answer itself raised before its checks
+        return False, [f"your code raised {str(inside['error'])[:300]}"]
+    verdict = judged if replayed else inside
     try:
-        passed += [bool(p) for p in inside["passed"]]
-        lines += [str(m)[:2000] for m in inside["messages"]]
-        error = inside["error"]
+        passed = [bool(p) for p in verdict["passed"]]
+        lines = [str(m)[:2000] for m in verdict["messages"]]
+        error = verdict["error"]
     except (KeyError, TypeError):
         return False, ["the check did not report a verdict"]
     if error:
-        lines.append(f"your code raised {str(error)[:300]}")
+        lines.append(f"your code raised {str(error)[:300]}" if not replayed or
+                     not str(error).startswith("the check") else str(error)[:300])
+    if not replayed:
+        lines.append("(checked inside your sandbox: an answer that is a class is not replayed)")
     return bool(passed) and all(passed) and not error, lines or ["the check did not run"]
+
+
+def _recording(published: str, answer: str, names: list[tuple[str, bool]]) -> str:
+    """The cell with the answer in place of the stub and each asked-for name recorded (in the
+    sandbox) just before the first statement that calls a check."""
+    tree = ast.parse(with_answer(published, answer))
+    first = next((k for k, n in enumerate(tree.body) if _checks(n)), len(tree.body))
+    lines = [ast.parse(f"{n} = __course_record({n}, {n!r}, __course_folder, {f})").body[0]
+             for n, f in names]
+    tree.body[first:first] = lines
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _judging(published: str, names: list[tuple[str, bool]]) -> str:
+    """The published cell with each asked-for name replayed (in the clean kernel)."""
+    code = "\n".join(f"{n} = __course_replay({n!r}, __course_folder, {f})" for n, f in names)
+    return with_answer(published, code)
 
 
 def _job(published: list, exercises: list, answers: list, time_limit: float,
@@ -248,13 +222,19 @@ def _job(published: list, exercises: list, answers: list, time_limit: float,
         code = cell["cell_type"] == "code"
         cells.append({"type": cell["cell_type"], "source": _source(cell) if code else "",
                       "setup": _setup_code(cell, i in at) if code else ""})
+    names, replayable = [], []
+    for e in exercises:
+        values, functions = stubs(e.source)
+        names.append([(n, False) for n in values] + [(n, True) for n in functions])
+        replayable.append(not any(isinstance(n, ast.ClassDef) and _is_stub(n)
+                                  for n in ast.parse(e.source).body))
     return {"cells": cells, "time_limit": time_limit, "output_cap": output_cap,
             "setup_limit": SETUP_LIMIT,
-            "exercises": [{"cell": e.cell, "published": with_answer(e.source, None)}
-                          for e in exercises],
+            "exercises": [{"cell": e.cell, "replay": r, "judge": _judging(e.source, n)}
+                          for e, n, r in zip(exercises, names, replayable)],
             "answers": [{"error": str(a), "code": None} if isinstance(a, ValueError) else
-                        {"error": None, "code": with_answer(e.source, a)}
-                        for a, e in zip(answers, exercises)]}
+                        {"error": None, "code": _recording(e.source, a, n if r else [])}
+                        for a, e, n, r in zip(answers, exercises, names, replayable)]}
 
 
 _UIDS = iter(range(FIRST_UID + (os.getpid() % 1000) * 1000, FIRST_UID + 2_000_000))
@@ -271,13 +251,13 @@ def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) ->
     for key in ("VIRTUAL_ENV", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         if key in os.environ:
             env[key] = os.environ[key]
-    argv = [sys.executable, "-m", "tests.classroom.grade_one"]
+    argv = [sys.executable, "-m", "tools.classroom.grade_one"]
     budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
     stdin = json.dumps(job).encode()
     if why_not() is None:
         with Sandbox(next(_UIDS), hide=hide, readonly=(root,)) as box:
             return box.run(argv, env=env, stdin=stdin, timeout=budget,
-                           output_cap=output_cap)
+                           output_cap=output_cap, result_cap=RESULT_CAP)
     if not trusted:
         raise SandboxUnavailable(f"no sandbox here: {why_not()}")
     return _run_trusted(argv, env, stdin, budget, output_cap)
@@ -300,7 +280,7 @@ def _run_trusted(argv, env, stdin, budget, output_cap) -> dict:
         proc.stdin.write(stdin)
         proc.stdin.close()
         with os.fdopen(read, "rb") as f:
-            result = f.read(4 << 20)
+            result = f.read(RESULT_CAP)
         code = proc.wait(budget)
     finally:
         import shutil
@@ -308,34 +288,27 @@ def _run_trusted(argv, env, stdin, budget, output_cap) -> dict:
     return {"code": code, "output": b"", "result": result, "limit": None}
 
 
-_REFERENCE: dict[tuple, list | str] = {}
-
-
-def _reference(chapter: Path, job: dict, trusted: bool, hide: tuple, output_cap: int
-               ) -> list | str:
-    """Each exercise's value-check arguments as the published chapter computes them, run once
-    per chapter (cached for the batch) in a sandbox of its own, with no student code."""
-    key = (str(chapter), chapter.stat().st_mtime_ns, job["output_cap"])
-    if key not in _REFERENCE:
-        report = _run_sandboxed({**job, "mode": "reference", "answers": []}, trusted=trusted,
-                                hide=hide, output_cap=output_cap)
-        try:
-            got = json.loads(report["result"].decode("utf-8"))
-        except ValueError:
-            got = None
-        if isinstance(got, dict) and "published_failed" in got:
-            got = f"{chapter.stem} {got['published_failed']}"
-        elif not (isinstance(got, list) and len(got) == len(job["exercises"])):
-            got = f"{chapter.stem}: the reference run of the published chapter gave no values"
-        _REFERENCE[key] = got
-    return _REFERENCE[key]
+def _judge(job: dict, chapter: Path, *, trusted: bool, hide: tuple, output_cap: int
+           ) -> list | str:
+    """The verdicts of the published checks on the replayed answers, from a clean kernel in a
+    sandbox of its own; a string when the published chapter itself failed there."""
+    report = _run_sandboxed(job, trusted=trusted, hide=hide, output_cap=output_cap)
+    try:
+        got = json.loads(report["result"].decode("utf-8"))
+    except ValueError:
+        got = None
+    if isinstance(got, dict) and "published_failed" in got:
+        return f"{chapter.stem} {got['published_failed']}"
+    if not (isinstance(got, list) and len(got) == len(job["exercises"])):
+        return f"{chapter.stem}: the grader's run of the published checks gave no verdicts"
+    return got
 
 
 def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
                    chapters: list[Path] = CHAPTERS, trusted: bool = False,
                    hide: tuple = ()) -> Result:
     """Grade one submitted notebook against the published ``chapters`` (default: the course's),
-    in a sandbox of its own (:mod:`tests.classroom.sandbox`); the verdicts are computed here."""
+    in a sandbox of its own (:mod:`tools.classroom.sandbox`); the verdicts are computed here."""
     start = time.monotonic()
     try:
         if Path(path).stat().st_size > MAX_NOTEBOOK_BYTES:
@@ -353,21 +326,17 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
     result = Result(str(path), chapter.stem)
     names = [exercise_name(e.source, k) for k, e in enumerate(exercises)]
     job = _job(published, exercises, answers, time_limit, output_cap)
-    expected = _reference(chapter, job, trusted, hide, output_cap)
-    if isinstance(expected, str):  # the published chapter itself failed under the grader
-        result.error = expected
-        result.exercises = [ExerciseResult(n, False, [f"not graded: {expected}"]) for n in names]
-        return result
     report = _run_sandboxed({**job, "mode": "answers"}, trusted=trusted, hide=hide,
                             output_cap=output_cap)
     try:
         entries = json.loads(report["result"].decode("utf-8")) if report["result"] else None
     except ValueError:
         entries = None
-    if isinstance(entries, list) and len(entries) == len(expected):
-        for entry, values in zip(entries, expected):
-            if isinstance(entry, dict):
-                entry["expected"] = values
+    if isinstance(entries, dict) and "published_failed" in entries:  # not the student's doing
+        failed = f"{chapter.stem} {str(entries['published_failed'])[:500]}"
+        result.error = failed
+        result.exercises = [ExerciseResult(n, False, [f"not graded: {failed}"]) for n in names]
+        return result
     if not isinstance(entries, list) or len(entries) != len(exercises) or \
             not all(isinstance(e, dict) for e in entries):
         why = {"time": "the submission ran past its time budget",
@@ -375,11 +344,21 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
                }.get(report["limit"], "its sandbox ended without a report")
         result.error = f"not graded: {why}"
         entries = [{"error": why}] * len(exercises)
+    records = [e.get("records") if isinstance(e.get("records"), dict) else None for e in entries]
+    judged: list | str = [None] * len(exercises)
+    if any(r is not None for r in records):  # a second sandbox, no student code: the verdicts
+        judged = _judge({**job, "mode": "judge", "answers": [], "records": records},
+                        chapter, trusted=trusted, hide=hide, output_cap=output_cap)
+    if isinstance(judged, str):  # the published chapter itself failed under the grader
+        result.error = judged
+        result.exercises = [ExerciseResult(n, False, [f"not graded: {judged}"]) for n in names]
+        return result
     for k, (name, entry) in enumerate(zip(names, entries)):
         if isinstance(answers[k], ValueError):
             passed, lines = False, [str(answers[k])]
         else:
-            passed, lines = _exercise_verdict(entry, time_limit, output_cap)
+            passed, lines = _exercise_verdict(entry, judged[k], job["exercises"][k]["replay"],
+                                              time_limit, output_cap)
         result.exercises.append(ExerciseResult(name, passed, lines))
     result.seconds = time.monotonic() - start
     return result

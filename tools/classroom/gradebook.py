@@ -12,7 +12,7 @@ import html
 import os
 from pathlib import Path
 
-from tests.classroom.grade import Result
+from tools.classroom.grade import Result
 
 
 def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # exercise_cells
 from exercise_cells import _bound as _binds_simple, _is_stub, _source, find_exercises  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 KEPT_MIME = re.compile(r"^(image/|text/html$)")
 SOLUTION_BLOCK = re.compile(r"<details>\s*<summary>Solution.*?</details>\s*", re.S)
-COMMAND = "python -m tests.classroom student"
+COMMAND = "python -m tools.classroom student"
 
 
 def _body(node: ast.AST) -> str:

@@ -1,0 +1,139 @@
+"""The grader's verdicts come from replaying what an answer produced: the replay must give every
+exercise's solution the verdict the check gives it in the notebook (PASS), and each listed
+mistake its NOT YET, on real ranks. Each function exercise's cell runs here twice, without its
+chapter: recording the answer (as the sandbox does), then the published check with the answer
+replayed from the records (as the grader's clean kernel does); exercises whose cell needs an
+earlier cell of its chapter are left to ``test_grader.py`` / ``test_hostile.py``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from course_lib.exercises import Feedback
+from tools.classroom.edition import CHAPTERS
+from tools.classroom.grade import _job
+from tools.classroom.replay import Recorded, Replayed, record, replay
+
+from exercise_cells import find_exercises, stubs
+
+PRELUDE = ("import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
+           "import torch.nn.functional as F\nfrom course_lib import *\n")
+
+
+def _cases():
+    for chapter in CHAPTERS:
+        cells = json.loads(chapter.read_text())["cells"]
+        exercises = find_exercises(cells)
+        for k, e in enumerate(exercises):
+            if stubs(e.source)[1]:
+                for label, code in [("solution", e.solution), *e.wrongs[:1]]:
+                    yield pytest.param(cells, exercises, k, label, code,
+                                       id=f"{chapter.stem[:2]}-{k}-{label}")
+
+
+def _run(code: str, names: dict) -> list[bool]:
+    seen = []
+    ns = {"__record": lambda v: (seen.append(v) if isinstance(v, Feedback) else None, v)[1],
+          **names}
+    exec(PRELUDE, ns)
+    exec(code, ns)
+    return [f.passed for f in seen]
+
+
+@pytest.mark.parametrize("cells, exercises, k, label, code", list(_cases()))
+def test_a_replayed_answer_gets_the_verdict_it_gets_in_the_notebook(cells, exercises, k, label,
+                                                                    code):
+    answers = [e.solution for e in exercises]
+    answers[k] = code
+    job = _job(cells, exercises, answers, 60, 10 ** 6)
+    if not job["exercises"][k]["replay"]:
+        pytest.skip("a class answer is checked inside the sandbox")
+    folder = tempfile.mkdtemp()
+    try:
+        try:
+            inside = _run(job["answers"][k]["code"], {"__course_record": record,
+                                                      "__course_folder": folder})
+        except NameError as err:
+            pytest.skip(f"needs an earlier cell of its chapter ({err})")
+        replayed = _run(job["exercises"][k]["judge"], {"__course_replay": replay,
+                                                       "__course_folder": folder})
+    finally:
+        shutil.rmtree(folder)
+    if label == "solution" and not all(inside):   # a NameError on the ranks
+        pytest.skip("its solution needs an earlier cell of its chapter")
+    assert inside and replayed == inside, (inside, replayed)
+    assert all(replayed) == (label == "solution"), replayed
+
+
+def test_a_call_the_sandbox_did_not_make_fails_and_an_input_returned_stays_that_input():
+    folder = tempfile.mkdtemp()
+    try:
+        params = [torch.zeros(2), torch.ones(3)]
+        Recorded(lambda ps, cap: [[ps[1]], [ps[0]]], "buckets", folder)(params, 4)
+        theirs = [torch.zeros(2), torch.ones(3)]   # the clean kernel's own parameters
+        got = Replayed("buckets", folder)(theirs, 4)
+        assert got[0][0] is theirs[1] and got[1][0] is theirs[0]
+        with pytest.raises(RuntimeError, match="not called this way in your sandbox"):
+            Replayed("buckets", folder)(theirs, 4)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_in_place_changes_and_gradients_are_replayed():
+    folder = tempfile.mkdtemp()
+    try:
+        model = torch.nn.Linear(2, 1)
+        model.weight.grad = torch.ones(1, 2)
+
+        def halve(m):
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad /= 2
+        Recorded(halve, "halve", folder)(model)
+        clean = torch.nn.Linear(2, 1)
+        clean.weight.grad = torch.full((1, 2), 7.0)
+        Replayed("halve", folder)(clean)
+        assert torch.equal(clean.weight.grad, torch.full((1, 2), 0.5))   # what it did there
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_path_below_a_path_argument_is_replayed_below_the_clean_checks_own(tmp_path):
+    # chapter 06's check copies the crashed run into a fresh temp folder, then calls fn(copy)
+    folder = str(tmp_path / "records")
+    (tmp_path / "records").mkdir()
+    pick = Recorded(lambda root: (Path(root) / "step_000004", root + "/step_000002", root),
+                    "latest", folder)
+    pick(str(tmp_path / "sandbox_copy"))
+    got = Replayed("latest", folder)(str(tmp_path / "clean_copy"))
+    assert got == (tmp_path / "clean_copy" / "step_000004",
+                   str(tmp_path / "clean_copy" / "step_000002"), str(tmp_path / "clean_copy"))
+
+
+def test_values_replay_as_they_were_stub_included(tmp_path):
+    for k, value in enumerate([..., None, 42, 2.5, "step_000004", [1, (2, "x")], {"a": 1.0},
+                               torch.arange(3)]):
+        record(value, f"v{k}", str(tmp_path), False)
+        got = replay(f"v{k}", str(tmp_path), False)
+        assert type(got) is type(value) and (torch.equal(got, value) if k == 7 else got == value)
+    record({1, 2}, "a_set", str(tmp_path), False)   # not plain data: an opaque stand-in
+    assert repr(replay("a_set", str(tmp_path), False)).startswith("<a set")
+
+
+def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
+    from tools.classroom.grade import _exercise_verdict
+    [chapter] = [c for c in CHAPTERS if c.stem.startswith("02")]
+    cells = json.loads(chapter.read_text())["cells"]
+    exercises = find_exercises(cells)
+    job = _job(cells, exercises, [e.solution for e in exercises], 60, 10 ** 6)
+    [k] = [k for k, e in enumerate(exercises) if "class MyDDP" in e.source]
+    assert not job["exercises"][k]["replay"] and "__course_record" not in job["answers"][k]["code"]
+    assert all(x["replay"] for j, x in enumerate(job["exercises"]) if j != k)
+    entry = {"inside": {"passed": [True], "messages": ["[DDP by hand] PASS: ..."], "error": None}}
+    passed, lines = _exercise_verdict(entry, None, False, 60, 10 ** 6)
+    assert passed and "checked inside your sandbox" in lines[-1]
