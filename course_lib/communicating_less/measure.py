@@ -21,7 +21,7 @@ from course_lib.communicating_less.local_sgd import local_sgd, outer_step
 from course_lib.communicating_less.hooks import HOOKS, START_POWERSGD, validate_hook, \
     predicted_payload, register
 from course_lib.data_parallel.ddp_internals import bytes_written
-from course_lib.communicating_less.task import BATCH, LR, SEED, SIZES, eval_loss, task_batch
+from course_lib.communicating_less.task import LR, SEED, SIZES, eval_loss, task_batch
 from course_lib.launcher.launch import run
 
 

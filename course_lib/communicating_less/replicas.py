@@ -155,10 +155,10 @@ class _Forked:
 
 def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
     """In a private network namespace: lighthouse, two replicas, one killed and restarted."""
-    from course_lib.launcher import _private_net
+    from course_lib.launcher.netns import PrivateNetRefused, enter_private
     try:
-        _private_net.enter()
-    except _private_net.Refused as exc:
+        enter_private()
+    except PrivateNetRefused as exc:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
     zygote = _Zygote()  # before the lighthouse's threads exist

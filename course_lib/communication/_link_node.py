@@ -22,10 +22,11 @@ def _batch(sizes, batch, seed, rank, device):
             torch.randn(batch, sizes[-1], generator=gen).to(device))
 
 
-def _sync(device) -> None:
-    if str(device).startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
+def _timed(model, opt, data, device) -> float:
+    """Seconds of one :func:`_step`, the GPU's queue drained (on a GPU)."""
+    start = time.perf_counter()
+    _step(model, opt, data, device)
+    return time.perf_counter() - start
 
 
 def compute_phase(sizes, batch, steps, seed, device="cpu") -> dict:
@@ -36,12 +37,7 @@ def compute_phase(sizes, batch, steps, seed, device="cpu") -> dict:
     model = MLP(sizes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = _batch(sizes, batch, seed, 0, device)
-    times = []
-    for _ in range(steps + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        _step(model, opt, data)
-        _sync(device)
-        times.append(time.perf_counter() - start)
+    times = [_timed(model, opt, data, device) for _ in range(steps + 1)]  # the first: warm-up
     return {"compute_s": statistics.median(times[1:])}
 
 
@@ -67,12 +63,15 @@ def wrap(model, strategy: str, device):
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
-def _step(model, opt, data) -> None:
+def _step(model, opt, data, device) -> None:
+    import torch
     import torch.nn.functional as F
 
     opt.zero_grad(set_to_none=True)
     F.mse_loss(model(data[0]), data[1]).backward()
     opt.step()
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu",
@@ -98,8 +97,7 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
         torch.manual_seed(seed)
         model, opt = wrap(MLP(sizes).to(device), strategy, device)
         data = _batch(sizes, batch, seed, dist.get_rank(), device)
-        _step(model, opt, data)  # warm-up: DDP builds its buckets, FSDP2 initialises lazily
-        _sync(device)
+        _step(model, opt, data, device)  # warm-up: DDP builds its buckets, FSDP2 initialises lazily
     else:
         model, opt, data, counted = kept
     dist.barrier()
@@ -107,16 +105,12 @@ def strategy_phase(strategy, sizes, batch, steps, seed, iface=None, device="cpu"
     times = []
     for _ in range(steps):
         dist.barrier()
-        start = time.perf_counter()
-        _step(model, opt, data)
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(_timed(model, opt, data, device))
     dist.barrier()
     sent = tx_bytes(iface) - before if iface else None
     if kept is None:
         with CommCounter() as counter:
-            _step(model, opt, data)
-            _sync(device)
+            _step(model, opt, data, device)
         dist.barrier()
         counted = {"calls": counter.calls_by_type(), "payload": counter.bytes_by_type()}
         if cache is not None:

@@ -17,7 +17,6 @@ import shutil  # noqa: F401 - tests patch shutil.which through this module
 import statistics
 import sys  # noqa: F401 - tests patch sys.platform through this module
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Sequence
 
 from course_lib.communication.link_sweep_gpu import LINK as GPU_LINK, gpu_results

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from course_lib.common.checks import is_int
-from course_lib.launcher import _reaper, devices, netns
+from course_lib.launcher import devices, netns
 from course_lib.launcher.launch import server_paused
 from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK_RISK,
                                           SharedLoopbackError, private_run_env,
-                                          shared_loopback_allowed, torchrun_command,
-                                          warn_shared_network)
+                                          shared_loopback_allowed, start_reaped,
+                                          torchrun_command, warn_shared_network)
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
            "run_single", "reference_params", "netns_available", "two_namespaces",
@@ -85,9 +85,9 @@ def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str], po
 
 def _launch(argv: list[str], env: dict, prefix: Sequence[str] = (),
             net: str | None = None) -> tuple[subprocess.Popen, str | None, int | None]:
-    """``argv`` under the reaper: :func:`course_lib.launcher._reaper.start`'s triple."""
-    return _reaper.start(argv, net, prefix, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, env=env)
+    """``argv`` under the reaper: :func:`course_lib.launcher.torchrun.start_reaped`'s triple."""
+    return start_reaped(argv, net, prefix, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, env=env)
 
 
 def _collect(procs: list[subprocess.Popen], timeout: float) -> list[str]:

@@ -38,6 +38,13 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
 
 
+def _rank_model_sgd() -> tuple[int, nn.Sequential, torch.optim.SGD]:
+    """This rank, the seed-0 :func:`small_model` and its SGD (lr 0.1): how the runs here start."""
+    torch.manual_seed(0)
+    model = small_model()
+    return dist.get_rank(), model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
 def _drift_rank(cause: str, steps: int, where: str) -> dict:
     rank = dist.get_rank()
     torch.manual_seed(rank if cause == "seed" else 0)
@@ -94,10 +101,7 @@ def drift_run(cause: str = "none", steps: int = 3, nprocs: int = 2,
 
 
 def _nan_rank(bad_rank: int, bad_step: int, steps: int, guard: bool) -> dict:
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = small_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank, model, opt = _rank_model_sgd()
     flags = []
     for step in range(steps):
         x, y = _batch(step, rank)
@@ -123,10 +127,7 @@ def nan_run(bad_rank: int = 1, bad_step: int = 1, steps: int = 3, guard: bool = 
 
 
 def _straggler_rank(slow_rank: int, delay: float, steps: int) -> list:
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = small_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank, model, opt = _rank_model_sgd()
     rows = []
     for step in range(steps):
         start = time.perf_counter()

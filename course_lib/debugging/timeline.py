@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_lib.common.checks import positive_int
-from course_lib.common.timeline import Span, Timeline
+from course_lib.common.timeline import Timeline
 from course_lib.data_parallel.by_hand import average_gradients
 from course_lib.debugging.health import step_times, stragglers
-from course_lib.debugging.measure import _batch, small_model
+from course_lib.debugging.measure import _batch, _rank_model_sgd
 from course_lib.launcher.launch import run
 
 __all__ = ["straggler_timeline"]
 
 
 def _straggler_timeline_rank(slow_rank: int, delay: float, steps: int) -> dict:
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = small_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank, model, opt = _rank_model_sgd()
     tl, computes = Timeline(), []
     dist.barrier()
     with tl:

@@ -26,8 +26,10 @@ import threading
 import time
 from typing import Iterator
 
+from course_lib.launcher._private_net import Refused as PrivateNetRefused, enter as enter_private
+
 __all__ = ["ADDRS", "LinkUnavailable", "availability", "die_with_parent", "tx_bytes", "shape",
-           "Nodes", "wire", "named_pair", "prefix", "MTU"]
+           "Nodes", "wire", "named_pair", "prefix", "MTU", "enter_private", "PrivateNetRefused"]
 
 _PR_SET_PDEATHSIG = 1
 ADDRS = ("10.99.0.1", "10.99.0.2")

@@ -34,8 +34,10 @@ from course_lib.launcher._torchrun_errors import (SHARED_LOOPBACK_RISK, SharedLo
 
 __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError",
            "SharedLoopbackError", "ALLOW_SHARED_LOOPBACK", "SHARED_LOOPBACK_RISK",
-           "shared_loopback_allowed"]
+           "shared_loopback_allowed", "exit_without_finalizing", "start_reaped"]
 
+#: The reaper's parent side (:func:`course_lib.launcher._reaper.start`): chapter 05's nodes use it.
+start_reaped = _reaper.start
 ALLOW_SHARED_LOOPBACK = "COURSE_ALLOW_SHARED_LOOPBACK"  # =1: the opt-in, for a whole session
 
 
@@ -275,11 +277,11 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
         if store.add("course_lib/connected", 1) == world:
             store.set("course_lib/all_connected", "1")
         store.wait(["course_lib/all_connected"])
-    _exit_without_finalizing()
+    exit_without_finalizing()
     return rank, world
 
 
-def _exit_without_finalizing() -> None:
+def exit_without_finalizing() -> None:
     """At exit, flush and ``os._exit`` before the interpreter tears down gloo's threads."""
     failed = []
     previous_hook = sys.excepthook

@@ -18,10 +18,7 @@ from torch.distributed.fsdp import fully_shard
 
 from course_lib.scripts import tiny
 
-local_rank = int(os.environ.get("LOCAL_RANK", 0))
-device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-if device.type == "cuda":
-    torch.cuda.set_device(device)
+device = tiny.device()  # cuda:LOCAL_RANK with a GPU, else the CPU
 dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **tiny.alone())
 rank, world = dist.get_rank(), dist.get_world_size()
 folder = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "checkpoint")

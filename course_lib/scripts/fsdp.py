@@ -3,8 +3,6 @@
     torchrun --standalone --nproc-per-node=2 course_lib/scripts/fsdp.py   # 2 ranks (CPU or GPUs)
     python course_lib/scripts/fsdp.py                                     # one process
 """
-import os
-
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -12,10 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib.scripts import tiny
 
-local_rank = int(os.environ.get("LOCAL_RANK", 0))
-device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-if device.type == "cuda":
-    torch.cuda.set_device(device)
+device = tiny.device()  # cuda:LOCAL_RANK with a GPU, else the CPU
 dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **tiny.alone())
 rank, world = dist.get_rank(), dist.get_world_size()
 

@@ -15,11 +15,11 @@ import torch.distributed as dist
 
 from course_lib.capstone.data import Windows, split_corpus
 from course_lib.common.models import GPT, PRESETS
-from course_lib.launcher.torchrun import _exit_without_finalizing
+from course_lib.launcher.torchrun import exit_without_finalizing
 from course_lib.tensor_parallel.layers import qkv_rows
 
 __all__ = ["CONFIG", "GLOBAL_BATCH", "STEPS", "LR", "WINDOWS", "dataset", "model", "batch",
-           "alone", "log", "group_heads"]
+           "device", "alone", "log", "group_heads"]
 
 CONFIG = PRESETS["tiny"]
 GLOBAL_BATCH = 16        # windows per optimizer step, summed over the data-parallel ranks
@@ -48,6 +48,16 @@ def model(seed: int = 0) -> GPT:
     return GPT(CONFIG)
 
 
+def device() -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` (made the current GPU) when torch sees a GPU,
+    else the CPU. ``init_process_group`` then takes NCCL for the one, gloo for the other."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(gpu)
+    return gpu
+
+
 def alone() -> dict:
     """``init_process_group``'s arguments for a plain ``python script.py``: a group of one.
 
@@ -58,7 +68,7 @@ def alone() -> dict:
     shutdown now and then ("terminate called without an active exception", SIGABRT, after every
     line was printed), which torchrun reports as a failed rank (2 of 15 launches in one CI-like run).
     """
-    _exit_without_finalizing()
+    exit_without_finalizing()
     if "RANK" in os.environ:
         return {}
     return {"store": dist.HashStore(), "rank": 0, "world_size": 1}

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from course_lib.common.data import get_batch
 from course_lib.deepspeed.load import load_deepspeed
 from course_lib.common.models import GPT, get_config
-from course_lib.launcher.torchrun import _exit_without_finalizing, init_distributed
+from course_lib.launcher.torchrun import exit_without_finalizing, init_distributed
 
 
 def join() -> tuple[int, int]:
@@ -36,7 +36,7 @@ def join() -> tuple[int, int]:
     if "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ \
             and not dist.is_initialized():
         load_deepspeed().init_distributed(dist_backend="gloo")
-        _exit_without_finalizing()  # gloo aborts at interpreter shutdown otherwise (00)
+        exit_without_finalizing()  # gloo aborts at interpreter shutdown otherwise (00)
         return dist.get_rank(), dist.get_world_size()
     return init_distributed()
 
