@@ -32,7 +32,6 @@ from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
 from course_lib.launcher import progress
 from course_lib.memory.report import categorize
-from course_lib.memory.tracker import GlobalMemTracker
 
 __all__ = ["build", "train_rank", "matmul_peak", "machine_constants", "rank_entry",
            "pick_device", "peak_step", "DEVICE_CHOICES", "VAL_SEQUENCES", "LINK_SIZES"]
@@ -118,6 +117,7 @@ def peak_step(step, model: torch.nn.Module, optimizer, batch: tuple) -> tuple[ob
         torch.cuda.reset_peak_memory_stats(device)
         out = step()
         return out, torch.cuda.max_memory_allocated(device)
+    from course_lib.memory.tracker import GlobalMemTracker  # ranks only: imports torch._dynamo
     tracker = GlobalMemTracker()
     tracker.track_external(model, optimizer, *batch)
     with tracker:

@@ -111,3 +111,36 @@ def test_the_server_is_paused_for_torchrun_only_in_a_small_pod_unless_told(monke
 def test_the_memory_limit_is_a_positive_number_of_bytes_or_none():
     limit = launch.memory_limit()
     assert limit is None or 0 < limit < 2 ** 60
+
+
+def _has_dynamo() -> bool:
+    import sys
+    return "torch._dynamo" in sys.modules
+
+
+def _ddp_grad() -> float:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(2, 1, bias=False))
+    with torch.no_grad():
+        model.module.weight.fill_(1.0)
+    model(torch.full((1, 2), float(dist.get_rank() + 1))).sum().backward()
+    return model.module.weight.grad[0, 0].item()  # averaged over ranks: (1 + 2) / 2
+
+
+def test_a_server_restarted_for_a_run_is_light_until_its_first_ranks_end(cache):
+    """The first run after an idle end waits only for torch (issue 50: the wait was ~3 s of
+    CPU, half of it torch._dynamo); the server imports the rest once those ranks have ended,
+    and before forking more than two ranks (one import, not one per rank)."""
+    assert run(_has_dynamo, 2) == [True, True]  # a kernel's first server preloads everything
+    assert wait_gone([cache._server.proc.pid], timeout=30) == []
+    assert run(_has_dynamo, 2) == [False, False], "the restarted server was not light"
+    assert run(_ddp_grad, 2) == [1.5, 1.5]  # a light server's ranks import what DDP needs
+    deadline = time.monotonic() + 60
+    while run(_has_dynamo, 2) != [True, True]:  # each run ends its ranks: the server goes on
+        assert time.monotonic() < deadline, "the light server never imported the rest"
+        time.sleep(0.3)  # under the 1 s idle limit: the same server
+    cache._server.close()
+    cache._server = None
+    assert run(_has_dynamo, 3) == [True] * 3  # light, but over two ranks: imported first
