@@ -161,3 +161,22 @@ def test_the_kernel_trims_its_heap_before_ranks_start_only_in_a_pod(monkeypatch,
         calls.clear()
         assert run(dist.get_rank, 2) == [0, 1]
         assert calls == trims, pause
+
+
+def test_in_a_pod_the_magic_runs_its_one_process_reference_after_torchrun(monkeypatch):
+    """%%torchrun's one-process reference (a third interpreter with torch and DDP, ~0.25 GiB)
+    ran beside torchrun's agent and workers; in a learner's pod it starts once they have ended."""
+    from types import SimpleNamespace
+
+    from course_lib.launcher import script_magic
+
+    for pause, order in (("0", ["alone", "torchrun"]), ("1", ["torchrun", "alone"])):
+        monkeypatch.setenv("COURSE_PAUSE_SERVER", pause)
+        events = []
+        monkeypatch.setattr(script_magic, "torchrun", lambda *a, **k: events.append("torchrun")
+                            or SimpleNamespace(output="loss 1.0"))
+        monkeypatch.setattr(script_magic, "_start_alone", lambda *a: events.append("alone")
+                            or SimpleNamespace(poll=lambda: 0))
+        monkeypatch.setattr(script_magic, "_finish_alone", lambda proc, *a: "loss 1.0")
+        script_magic.run_script("print(1)\n", 2)
+        assert events == order, pause
