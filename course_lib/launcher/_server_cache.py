@@ -19,9 +19,8 @@ def idle_seconds() -> float:
     """How long the warm server may sit unused before it ends and gives its memory back.
 
     ``COURSE_HELPER_IDLE_SECONDS`` (default 120): a chapter left open for two minutes then holds
-    only its kernel, not a second process with torch loaded (about a quarter GiB). The next
-    ``run`` starts a fresh, light server and waits for it (``benchmarks/bench_pod_memory.py
-    --restart-wait``). ``0``
+    only its kernel, not a second process with torch loaded (about half a GiB). The next ``run``
+    starts a fresh server and waits for it (the wait: ``benchmarks/bench_launch.py``). ``0``
     or a negative value: never end it.
     """
     raw = os.environ.get("COURSE_HELPER_IDLE_SECONDS", "120")
@@ -48,7 +47,6 @@ class ServerCache:
         self._last_used = time.monotonic()
         self._may_idle = True  # False for a server forked from this process (serve_from_here)
         self._watcher: threading.Thread | None = None
-        self._started = False  # a restart a run waits for is light (WarmServer.start)
 
     def get(self, wait: bool = True) -> WarmServer:
         """The server, started if needed; ready to fork unless ``wait=False``."""
@@ -57,8 +55,7 @@ class ServerCache:
                 if not self._swept:  # once per kernel: folders of killed kernels go
                     sweep_stale_run_dirs()
                     self._swept = True
-                self._server = WarmServer.start(wait=False, light=self._started and wait)
-                self._started = True
+                self._server = WarmServer.start(wait=False)
                 self._may_idle = True
                 self._last_used = time.monotonic()
                 self._watch()

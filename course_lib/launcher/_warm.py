@@ -22,21 +22,17 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import types
 from typing import Any, Callable
 
 _LEN = struct.Struct("!Q")
 _ANSWER = struct.Struct("!QQ")  # (job id, pid)
-# What every rank needs: the server answers "ready" once these are in (~1.5 s of CPU).
-_ESSENTIAL = ("torch", "torch.distributed", "cloudpickle", "course_lib.launcher._worker")
-# What most ranks would otherwise import again: torch._dynamo, which DDP and FSDP import on
-# first use (~1.4 s of CPU per process), and the memory trackers built on it. A light server
-# (a restart) imports these once its first ranks have ended, or before forking over two ranks.
-_HEAVY = ("torch._dynamo", "torch.distributed.fsdp", "torch.nn.parallel",
-          "torch.distributed._tools.mem_tracker", "course_lib.memory.tracker")
-_PRELOAD = _ESSENTIAL + _HEAVY
-_QUIET = 0.2  # seconds without a job or a rank before a light server imports the rest
+# What every rank would otherwise import again: torch itself, and torch._dynamo, which DDP, FSDP
+# and a torch optimizer's first step import (~1-4 s per process on 2 cores), and chapter 01's
+# memory tracker (rank functions import it: in a kernel it would pull torch._dynamo in).
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp",
+            "torch.nn.parallel", "torch.distributed._tools.mem_tracker", "cloudpickle",
+            "course_lib.launcher._worker", "course_lib.memory.tracker")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -60,15 +56,15 @@ class WarmServer:
         self._greeting = b""  # what arrived of b"ready" so far (a Stop may cut the wait short)
 
     @classmethod
-    def start(cls, wait: bool = True, light: bool = False) -> "WarmServer":
+    def start(cls, wait: bool = True) -> "WarmServer":
         """Start the server process; with ``wait=False`` return while it still imports torch
         (:meth:`wait_ready` before the first :meth:`fork`), so the caller's own imports overlap
-        with the server's on a second core. ``light``: ready after ``_ESSENTIAL`` (for a run
-        that waits: it forks sooner), the rest imported once the first ranks have ended."""
+        with the server's on a second core."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        code = f"from course_lib.launcher._warm import serve; serve({theirs.fileno()}, {light})"
-        env = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, [
-            os.environ.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1"])))
+        code = f"from course_lib.launcher._warm import serve; serve({theirs.fileno()})"
+        env = dict(os.environ)
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"),
+                                                      "glibc.malloc.hugetlb=1"]))
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
         theirs.close()
@@ -119,13 +115,11 @@ class WarmServer:
         All jobs are sent before the first pid is read, so the server forks back to back (and
         the first ranks start working while it forks the others). ``preimport`` names modules
         the server imports first (once, then cached; see :func:`preimports_of`), so that no
-        rank imports them again. Whatever interrupts the exchange half way (an error, a second
-        Stop) kills the server: its ranks then die through their lifelines, and the next call
-        starts a fresh server instead of misreading this one.
+        rank imports them again. Whatever interrupts the exchange half
+        way (an error, a second Stop) kills the server: its ranks then die through their
+        lifelines, and the next call starts a fresh server instead of misreading this one.
         """
         self.wait_ready()
-        if len(jobs) > 2:  # on a light server: one import of _HEAVY, not one per rank
-            preimport = _HEAVY + tuple(preimport)
         with self.lock:
             first = self.next_id
             self.next_id += len(jobs)
@@ -146,12 +140,11 @@ class WarmServer:
         return [pid for _, pid in answers]
 
 
-def serve(fd: int, light: bool = False) -> None:
-    """Server main loop (runs in the server process); ``light``: see :meth:`WarmServer.start`."""
-    for name in _ESSENTIAL if light else _PRELOAD:
+def serve(fd: int) -> None:
+    """Server main loop (runs in the server process)."""
+    for name in _PRELOAD:
         __import__(name)
     gc.freeze()  # ranks' garbage collections leave these objects (and their pages) alone
-    pending = list(_HEAVY) if light else []
 
     sock = socket.socket(fileno=fd)
     status_pipes: dict[int, int] = {}
@@ -168,15 +161,8 @@ def serve(fd: int, light: bool = False) -> None:
         sock.sendall(b"ready")
     except OSError:  # the client is gone already
         os._exit(0)
-    quiet_since, served = time.monotonic(), False
     while True:
-        idle = pending and served and not status_pipes  # the first ranks ended: import the rest
-        events = sel.select(max(0.0, quiet_since + _QUIET - time.monotonic()) if idle else None)
-        if idle and not events:
-            _preimport((pending.pop(0),), sys.path)
-            continue
-        quiet_since = time.monotonic()
-        for key, _ in events:
+        for key, _ in sel.select():
             if key.data == "lifeline":
                 if not os.read(sys.stdin.fileno(), 1):
                     os._exit(0)
@@ -185,7 +171,6 @@ def serve(fd: int, light: bool = False) -> None:
                 _reap(status_pipes)
             else:
                 _fork_one(sock, status_pipes, (sel, sock, wake_r, wake_w))
-                served = True
 
 
 def _fork_one(sock: socket.socket, status_pipes: dict[int, int], own: tuple) -> None:
