@@ -21,8 +21,7 @@ the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (
 the idle rank server for its job, as the launcher's default does under a pod's memory limit).
 ``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
 with the load), beside the fresh server's CPU seconds; ``--restart-ddp`` makes that run a DDP
-step with an optimizer (its ranks need ``torch._dynamo``, which a restarted, light server
-imports only after its first ranks end).
+step with an optimizer (what most chapters' runs do; its ranks need ``torch._dynamo``).
 """
 from __future__ import annotations
 
