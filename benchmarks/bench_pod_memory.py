@@ -20,7 +20,8 @@ splits each peak by process role (kernel, warm server, ranks, torchrun, its work
 the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends
 the idle rank server for its job, as the launcher's default does under a pod's memory limit).
 ``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
-with the load), beside the fresh server's CPU seconds.
+with the load), beside the fresh server's CPU seconds; ``--restart-ddp`` makes that run a DDP
+step with an optimizer (what most chapters' runs do; its ranks need ``torch._dynamo``).
 """
 from __future__ import annotations
 
@@ -202,7 +203,20 @@ def start_kernel(idle: float | None) -> KernelManager:
     return km
 
 
-def restart_wait(repeats: int) -> None:
+def ddp_step() -> int:
+    """One DDP training step with Adam (what most chapters' runs do first)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(64, 64))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, 64)).sum().backward()
+    optimizer.step()
+    return dist.get_rank()
+
+
+def restart_wait(repeats: int, ddp: bool = False) -> None:
     """Time the first ``run`` after the idle limit ended the server, ``repeats`` times, in this
     process (torch imported first, as in a chapter's kernel), and the CPU seconds the fresh
     server spent before it was ready: on an otherwise idle core the wait is about that."""
@@ -210,7 +224,8 @@ def restart_wait(repeats: int) -> None:
     import torch.distributed as dist
 
     from course_lib.launcher import launch
-    launch.run(dist.get_rank, 2)
+    fn = ddp_step if ddp else dist.get_rank
+    launch.run(fn, 2)
     waits, cpus = [], []
     for _ in range(repeats):
         deadline = time.monotonic() + 120
@@ -218,7 +233,7 @@ def restart_wait(repeats: int) -> None:
             time.sleep(0.05)
         load = os.getloadavg()[0]
         start = time.monotonic()
-        launch.run(dist.get_rank, 2)
+        launch.run(fn, 2)
         waits.append(time.monotonic() - start)
         proc = psutil.Process(launch._SERVERS._server.proc.pid)
         cpu = proc.cpu_times()
@@ -226,7 +241,7 @@ def restart_wait(repeats: int) -> None:
         print(f"  first run after an idle end: {waits[-1]:.2f} s (the fresh server had used "
               f"{cpus[-1]:.2f} s of CPU; load {load:.1f})", flush=True)
     waits.sort(), cpus.sort()
-    print(f"first run after an idle end, {repeats} times: min {waits[0]:.2f} s, median "
+    print(f"first {'DDP ' if ddp else ''}run after an idle end, {repeats} times: min {waits[0]:.2f} s, median "
           f"{waits[len(waits) // 2]:.2f} s; the server's CPU seconds: min {cpus[0]:.2f}, median "
           f"{cpus[len(cpus) // 2]:.2f}; {os.cpu_count()} CPUs", flush=True)
 
@@ -247,11 +262,13 @@ def main() -> None:
                              "helper processes left")
     parser.add_argument("--restart-wait", type=int, metavar="N", default=0,
                         help="only time the first run after an idle end, N times, and stop")
+    parser.add_argument("--restart-ddp", action="store_true",
+                        help="with --restart-wait: that run is a 2-rank DDP step with Adam")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print the peak split by process role, and its cell")
     args = parser.parse_args()
     if args.restart_wait:
-        restart_wait(args.restart_wait)
+        restart_wait(args.restart_wait, args.restart_ddp)
         return
     paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
     if args.chapters:

@@ -35,7 +35,6 @@ from course_lib.common.deprecation import renamed, warn_renamed
 from course_lib.launcher import progress
 from course_lib.launcher.devices import place
 from course_lib.memory.report import categorize
-from course_lib.memory.tracker import GlobalMemTracker
 
 __all__ = ["build", "train_rank_capstone", "matmul_peak", "machine_constants", "rank_entry",
            "peak_step", "VAL_SEQUENCES", "LINK_SIZES"]
@@ -110,6 +109,7 @@ def peak_step(step, model: torch.nn.Module, optimizer, batch: tuple) -> tuple[ob
         torch.cuda.reset_peak_memory_stats(device)
         out = step()
         return out, torch.cuda.max_memory_allocated(device)
+    from course_lib.memory.tracker import GlobalMemTracker  # ranks only: imports torch._dynamo
     tracker = GlobalMemTracker()
     tracker.track_external(model, optimizer, *batch)
     with tracker:

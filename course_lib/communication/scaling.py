@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch._dynamo  # noqa: F401 - DDP() imports it (seconds per rank); a warm server can preload it
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP

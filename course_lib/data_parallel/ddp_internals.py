@@ -30,7 +30,6 @@ from course_lib.common.training import make_optimizer
 from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
-from course_lib.memory.tracker import tracked_steps
 
 __all__ = ["BucketLog", "recording_allreduce_hook", "bytes_written", "expected_bytes",
            "DPStepReport", "measure_dp", "compare_accumulation", "bucket_overhead",
@@ -108,6 +107,7 @@ def _dp_rank(preset: str, local_batch: int, seq_len: int, bucket_cap_mb: float |
     model.register_comm_hook(log, recording_allreduce_hook)
     optimizer = make_optimizer(model.parameters(), "adam")
     inputs, targets = get_batch(local_batch, seq_len, seed=0, rank=rank, world_size=world)
+    from course_lib.memory.tracker import tracked_steps  # ranks only: it imports torch._dynamo
     # memory first, on the fresh model: DDP (re)builds its buckets inside the tracked steps
     memory = tracked_steps(model, optimizer, (inputs, targets), loss_fn=GPT.loss, iterations=3)
     times, backwards, sent = [], [], []

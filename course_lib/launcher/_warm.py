@@ -27,11 +27,12 @@ from typing import Any, Callable
 
 _LEN = struct.Struct("!Q")
 _ANSWER = struct.Struct("!QQ")  # (job id, pid)
-# What every rank would otherwise import again: torch itself, and torch._dynamo, which DDP and
-# FSDP import on first use (~1-4 s per process on 2 cores).
+# What every rank would otherwise import again: torch itself, and torch._dynamo, which DDP, FSDP
+# and a torch optimizer's first step import (~1-4 s per process on 2 cores), and chapter 01's
+# memory tracker (rank functions import it: in a kernel it would pull torch._dynamo in).
 _PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp",
             "torch.nn.parallel", "torch.distributed._tools.mem_tracker", "cloudpickle",
-            "course_lib.launcher._worker")
+            "course_lib.launcher._worker", "course_lib.memory.tracker")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -2,12 +2,12 @@
 
 ``%load_ext course_lib`` loads it. The cell's text becomes ``NAME.py`` in a private temp folder
 (the working folder, removed afterwards: never the learner's folders), run under
-:func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed) and, meanwhile, as one plain
-process. Both print ``step N loss X`` (``course_lib/scripts/tiny.py``); one line sets the final
-losses side by side with ``TOLERANCE`` (1e-4: float32 sums in another order; ``TOLERANCE_BF16``
-= 2e-3 for a bfloat16 policy; why: docs/decisions.md); returns a :class:`ScriptRun`. Options
-after the name: ``--no-reference``, ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same
-without IPython.
+:func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed) and, meanwhile (in a
+learner's pod: after it, issue 50), as one plain process. Both print ``step N loss X``
+(``course_lib/scripts/tiny.py``); one line sets the final losses side by side with ``TOLERANCE``
+(1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why:
+docs/decisions.md); returns a :class:`ScriptRun`. Options after the name: ``--no-reference``,
+``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_lib.launcher import devices
+from course_lib.launcher._server_cache import pauses_for_torchrun
 from course_lib.launcher.torchrun import torchrun
 
 __all__ = ["ScriptRun", "run_script", "parse_losses", "torchrun_magic", "load_ipython_extension",
@@ -117,10 +118,13 @@ def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bo
         os.chdir(folder)  # the job's working folder: what it writes stays in the temp folder
         alone = None
         try:
-            if reference:  # started first: it imports torch while torchrun's agent does
+            if reference:
                 os.mkdir(os.path.join(folder, "alone"))
+            if reference and not pauses_for_torchrun():  # first: it imports torch beside the agent
                 alone = _start_alone(path, args, os.path.join(folder, "alone"), env)
             output = torchrun(path, nprocs, args, timeout=timeout, env=env, quiet=quiet).output
+            if reference and alone is None:  # in a pod (issue 50): not beside torchrun's processes
+                alone = _start_alone(path, args, os.path.join(folder, "alone"), env)
             ref = _finish_alone(alone, name, timeout, quiet) if alone else None
         finally:
             os.chdir(here)

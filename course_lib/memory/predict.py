@@ -184,6 +184,13 @@ def batch_bytes(batch_size: int, seq_len: int) -> int:
     return 2 * INT64 * batch_size * seq_len
 
 
+def flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
+    """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
+    b, s = shape[0], shape[1]
+    return (activation_bytes(config, b, s, precision) + 2 * FP32 * b * s * config.vocab_size
+            + batch_bytes(b, s))
+
+
 def predict_step(config: GPTConfig | str, batch_size: int, seq_len: int, precision: str = "fp32",
                  optimizer: str = "adam", recompute: str = "none") -> dict[str, int]:
     """Every category of a :class:`~course_lib.memory.report.MemoryReport`, predicted.

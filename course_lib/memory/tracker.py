@@ -20,10 +20,10 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from course_lib.common.checks import batch_shape
-from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.common.training import default_loss, make_optimizer
 from course_lib.memory import predict
+from course_lib.memory.predict import flow_bytes  # its home: the formula (sharding's pre-check reads it)
 from course_lib.memory.census import census
 from course_lib.memory.mixed import MixedPrecisionAdam
 from course_lib.memory.report import MemoryReport, STATE_KEYS, categorize, format_bytes
@@ -234,13 +234,6 @@ def _optimizer(model: nn.Module, name: str, precision: str, fake: bool) -> torch
 
 def _autocast(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "amp" else None
-
-
-def flow_bytes(config: GPTConfig, shape: tuple[int, ...], precision: str) -> int:
-    """Activations, the logits' gradient temporaries and the batch: what flows through a step."""
-    b, s = shape[0], shape[1]
-    return (predict.activation_bytes(config, b, s, precision) + 2 * FP32 * b * s * config.vocab_size
-            + predict.batch_bytes(b, s))
 
 
 def _check_module(model: nn.Module, batch: object, precision: str) -> None:

@@ -20,7 +20,7 @@ from course_lib.common.models import GPTConfig, get_config
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 from course_lib.memory.report import MemoryReport, format_bytes
-from course_lib.memory.tracker import flow_bytes
+from course_lib.memory.predict import flow_bytes
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
 from course_lib.sharding.rank_measure import validate_request, make_inputs, measure_rank

@@ -111,3 +111,54 @@ def test_the_server_is_paused_for_torchrun_only_in_a_small_pod_unless_told(monke
 def test_the_memory_limit_is_a_positive_number_of_bytes_or_none():
     limit = launch.memory_limit()
     assert limit is None or 0 < limit < 2 ** 60
+
+
+def test_chapter_modules_a_kernel_imports_leave_torch_dynamo_to_the_ranks():
+    """torch._dynamo (via torch's memory tracker: torch.distributed._tools -> torch._inductor)
+    costs a kernel ~0.07 GiB and ~1.4 s of CPU; these modules use it only inside ranks, which
+    the warm server's preload serves (issue 50)."""
+    import subprocess
+    import sys
+
+    modules = ["course_lib.communication.scaling", "course_lib.communication.show",
+               "course_lib.data_parallel.ddp_internals", "course_lib.capstone.train",
+               "course_lib.capstone.measure", "course_lib.communicating_less.measure"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+def test_the_kernel_trims_its_heap_before_ranks_start_only_in_a_pod(monkeypatch, cache):
+    """In a learner's pod the kernel gives its freed heap back before a run (chapter 09's
+    in-kernel reference step left ~0.07 GiB of it); elsewhere no run pays for the trim."""
+    calls = []
+
+    class Libc:
+        def malloc_trim(self, pad):
+            calls.append(pad)
+
+    monkeypatch.setattr(launch.ctypes, "CDLL", lambda name: Libc())
+    for pause, trims in (("0", []), ("1", [0])):
+        monkeypatch.setenv("COURSE_PAUSE_SERVER", pause)
+        calls.clear()
+        assert run(dist.get_rank, 2) == [0, 1]
+        assert calls == trims, pause
+
+
+def test_in_a_pod_the_magic_runs_its_one_process_reference_after_torchrun(monkeypatch):
+    """%%torchrun's one-process reference (a third interpreter with torch and DDP, ~0.25 GiB)
+    ran beside torchrun's agent and workers; in a learner's pod it starts once they have ended."""
+    from types import SimpleNamespace
+
+    from course_lib.launcher import script_magic
+
+    for pause, order in (("0", ["alone", "torchrun"]), ("1", ["torchrun", "alone"])):
+        monkeypatch.setenv("COURSE_PAUSE_SERVER", pause)
+        events = []
+        monkeypatch.setattr(script_magic, "torchrun", lambda *a, **k: events.append("torchrun")
+                            or SimpleNamespace(output="loss 1.0"))
+        monkeypatch.setattr(script_magic, "_start_alone", lambda *a: events.append("alone")
+                            or SimpleNamespace(poll=lambda: 0))
+        monkeypatch.setattr(script_magic, "_finish_alone", lambda proc, *a: "loss 1.0")
+        script_magic.run_script("print(1)\n", 2)
+        assert events == order, pause
