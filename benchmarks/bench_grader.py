@@ -82,7 +82,7 @@ def main(args: list[str]) -> None:
         total = time.monotonic() - start
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     for r in results:
-        print(f"{Path(r.file).name}: {r.chapter} {r.score}/{len(r.exercises)} in {r.seconds:.1f} s")
+        print(f"{Path(r.file).name}: {r.chapter} {r.score}/{r.possible} in {r.seconds:.1f} s")
     print(f"{mode}: {len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
           f"(load average {load}, {os.cpu_count()} cores)")
 

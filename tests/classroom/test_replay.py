@@ -136,4 +136,17 @@ def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
     assert all(x["replay"] for j, x in enumerate(job["exercises"]) if j != k)
     entry = {"inside": {"passed": [True], "messages": ["[DDP by hand] PASS: ..."], "error": None}}
     passed, lines = _exercise_verdict(entry, None, False, 60, 10 ** 6)
-    assert passed and "checked inside your sandbox" in lines[-1]
+    assert passed and "checked inside your sandbox" in lines[-1] and "not counted" in lines[-1]
+
+
+def test_a_verdict_made_inside_the_submission_is_for_review_and_not_counted(tmp_path):
+    from tools.classroom.grade import ExerciseResult, Result
+    from tools.classroom.gradebook import write_gradebook
+    faked = Result("s.ipynb", "02_data_parallel", [ExerciseResult("ring", False, ["not yet"]),
+                                                  ExerciseResult("DDP by hand", True, ["PASS"],
+                                                                 review=True)])
+    assert (faked.score, faked.possible) == (0, 1)   # a faked class verdict adds nothing
+    csv_path, html_path = write_gradebook([faked], tmp_path)
+    row = csv_path.read_text().splitlines()[1].split(",")
+    assert row[2:6] == ["0", "review", "0", "1"], row
+    assert "to review (its own check said passed)" in html_path.read_text()

@@ -42,6 +42,7 @@ class ExerciseResult:
     passed: bool
     feedback: list[str]
     seconds: float = 0.0
+    review: bool = False   # decided inside the submission's sandbox: the teacher's, not counted
 
 
 @dataclass
@@ -54,7 +55,12 @@ class Result:
 
     @property
     def score(self) -> int:
-        return sum(e.passed for e in self.exercises)
+        """Exercises passed, counting only verdicts made outside the submission."""
+        return sum(e.passed for e in self.exercises if not e.review)
+
+    @property
+    def possible(self) -> int:
+        return sum(not e.review for e in self.exercises)
 
 
 def _checks(node: ast.AST) -> bool:
@@ -193,7 +199,8 @@ def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_lim
         lines.append(f"your code raised {str(error)[:300]}" if not replayed or
                      not str(error).startswith("the check") else str(error)[:300])
     if not replayed:
-        lines.append("(checked inside your sandbox: an answer that is a class is not replayed)")
+        lines.append("(checked inside your sandbox: an answer that is a class is not replayed, so "
+                     "this verdict is advice only; your teacher reviews it, and it is not counted)")
     return bool(passed) and all(passed) and not error, lines or ["the check did not run"]
 
 
@@ -359,7 +366,8 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
         else:
             passed, lines = _exercise_verdict(entry, judged[k], job["exercises"][k]["replay"],
                                               time_limit, output_cap)
-        result.exercises.append(ExerciseResult(name, passed, lines))
+        review = not job["exercises"][k]["replay"] and not isinstance(answers[k], ValueError)
+        result.exercises.append(ExerciseResult(name, passed, lines, review=review))
     result.seconds = time.monotonic() - start
     return result
 
@@ -387,6 +395,6 @@ def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 1
         except Exception as err:  # noqa: BLE001 - the batch goes on
             result = Result(str(path), None, error=f"{type(err).__name__}: {err}")
         results.append(result)
-        progress(f"{path}: {result.chapter or '?'} {result.score}/{len(result.exercises)} "
+        progress(f"{path}: {result.chapter or '?'} {result.score}/{result.possible} "
                  f"({result.seconds:.0f} s){' ' + result.error if result.error else ''}")
     return results

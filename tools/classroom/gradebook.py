@@ -1,7 +1,8 @@
 """The gradebook: a CSV (otter-grader's layout) and an HTML page of each student's feedback.
 
 ``gradebook.csv`` has one row per submitted notebook: ``file``, ``chapter``, one column per
-exercise (``<chapter>: <name>``, 1 or 0; empty for another chapter's), ``total``, ``possible``,
+exercise (``<chapter>: <name>``, 1 or 0; ``review`` for a verdict the grader could not make
+outside the submission, not counted; empty for another chapter's), ``total``, ``possible``,
 ``percent_correct`` and ``error`` (a notebook the grader could not grade). ``feedback.html`` lists
 each notebook's exercises with the check's own messages (they never contain the solution).
 """
@@ -29,8 +30,9 @@ def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
         writer.writerow(["file", "chapter", *columns, "total", "possible", "percent_correct",
                          "error"])
         for r in results:
-            got = {f"{r.chapter}: {e.name}": int(e.passed) for e in r.exercises}
-            possible = len(r.exercises)
+            got = {f"{r.chapter}: {e.name}": "review" if e.review else int(e.passed)
+                   for e in r.exercises}
+            possible = r.possible
             writer.writerow([r.file, r.chapter or "", *(got.get(c, "") for c in columns), r.score,
                              possible, f"{100 * r.score / possible:.1f}" if possible else "",
                              r.error or ""])
@@ -40,14 +42,15 @@ def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
     for r, full in zip(results, files):
         shown = os.path.relpath(full, base) if base else Path(r.file).name
         head = f"{html.escape(shown)} — {html.escape(r.chapter or 'unknown chapter')}"
-        rows.append(f"<h2>{head}: {r.score} / {len(r.exercises)}</h2>")
+        rows.append(f"<h2>{head}: {r.score} / {r.possible}</h2>")
         if r.error:
             rows.append(f"<p class='error'>Not graded: {html.escape(r.error)}</p>")
         rows.append("<ul>")
         for e in r.exercises:
             mark = "passed" if e.passed else "not yet"
+            mark = f"to review (its own check said {mark})" if e.review else mark
             lines = "".join(f"<li>{html.escape(line)}</li>" for line in e.feedback)
-            rows.append(f"<li class='{mark.replace(' ', '-')}'><b>{html.escape(e.name)}</b>: "
+            rows.append(f"<li class='{'review' if e.review else mark.replace(' ', '-')}'><b>{html.escape(e.name)}</b>: "
                         f"{mark}<ul>{lines}</ul></li>")
         rows.append("</ul>")
     html_path = out_dir / "feedback.html"
