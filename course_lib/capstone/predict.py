@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from course_lib.common.dtypes import FP32
 from course_lib.common.models import GPTConfig
-from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
+from course_lib.communication.formulas import AlphaBeta, ring_allreduce_time
 from course_lib.composition.layout import Layout
 from course_lib.composition.layouts import predict_pp_bytes
 from course_lib.memory.predict import activation_terms, batch_bytes

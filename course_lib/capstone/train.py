@@ -22,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
-from course_lib.communication.alphabeta import fit_alpha_beta
+from course_lib.communication.formulas import fit_alpha_beta
 from course_lib.communication.benchmark import bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
