@@ -22,7 +22,8 @@ from course_lib.composition.layouts import predict_pp_bytes
 from course_lib.memory.predict import activation_terms, batch_bytes
 from course_lib.pipeline_parallel.formulas import bubble_formula
 
-__all__ = ["predict_rank", "slowest_step", "predict_peak", "root_bytes", "comm_per_step",
+__all__ = ["predict_rank", "rank_prediction", "rank_work", "step_time", "slowest",
+           "slowest_step", "predict_peak", "root_bytes", "comm_per_step",
            "collective_seconds",
            "predict_step_time", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
 
@@ -51,10 +52,20 @@ def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
 def predict_rank(config: GPTConfig, layout: Layout, batch_size: int, rank: int) -> tuple[dict, int]:
     """Global ``rank``'s predicted model-state bytes (chapter 09's rule for its pipeline stage)
     and its peak (:func:`predict_peak`) for a global batch of ``batch_size`` sequences."""
+    states, peak, _ = rank_prediction(config, layout, batch_size, rank, 0.0)
+    return states, peak
+
+
+def rank_prediction(config: GPTConfig, layout: Layout, batch_size: int, rank: int,
+                    flops: float) -> tuple[dict, int, tuple]:
+    """Everything the layout decides about global ``rank``, once, before the run: its
+    model-state bytes, its peak and its :func:`rank_work` for a step of ``flops`` (global batch);
+    what the machine adds later (:func:`step_time`) needs no layout."""
     stage = layout.stage_of(rank)
     states = predict_pp_bytes(config, layout, stage)
+    work = rank_work(config, layout, batch_size, flops, states)
     return states, predict_peak(config, layout, batch_size, states,
-                                stage if layout.pp > 1 else None)
+                                stage if layout.pp > 1 else None), work
 
 
 def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dict,
@@ -65,6 +76,7 @@ def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dic
     its output and the buffer its gradient comes back in; having no logits, its largest
     backward temporary is the MLP's hidden-layer gradient."""
     tp, pp = layout.tp, layout.pp
+    gathered = root_bytes(config, stage, pp) if layout.dp_shard > 1 else 0
     b, s, h = batch_size // layout.dp_size, config.seq_len, config.d_model
     terms = activation_terms(config, b, s)
     bsh = FP32 * b * s * h
@@ -80,7 +92,6 @@ def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dic
     else:  # a stage before the last: the output it holds and the buffer its gradient arrives in;
         acts += 2 * bsh  # no logits, so the largest backward temporary is the MLP's hidden one
         temps = 4 * bsh // tp
-    gathered = root_bytes(config, stage, pp) if layout.dp_shard > 1 else 0
     buckets = states["grads"] if layout.dp > 1 else 0  # DDP's flat gradient buckets
     fixed = states["params"] + states["optimizer"] + batch_bytes(b, s) + buckets
     return max(fixed + acts + temps + gathered, fixed + states["grads"])
@@ -124,25 +135,46 @@ def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
     return calls * link.alpha + n_bytes * link.beta
 
 
+def rank_work(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
+              states: dict) -> tuple[float, float, list]:
+    """One rank's share of a step of ``flops`` (global batch), before it runs: its FLOPs
+    (split over dp × tp × pp), the stretch of chapter 04's bubble (one micro-batch: the stages
+    take turns) and its :func:`comm_per_step`. :func:`step_time` turns it into seconds."""
+    share = flops / (layout.dp_size * layout.tp * layout.pp)
+    return share, 1 - bubble_formula(layout.pp, 1), comm_per_step(config, layout, batch_size,
+                                                                 states)
+
+
+def step_time(work: tuple[float, float, list], matmul_peak: float,
+              link: AlphaBeta | None) -> dict[str, float]:
+    """``compute_s`` + ``comm_s`` = ``step_s`` of one rank's :func:`rank_work` at ``matmul_peak``
+    (FLOP/s of one rank) and ``link`` (α, β; ``None``: one process, no communication)."""
+    share, busy, comm = work
+    compute = share / matmul_peak / busy
+    seconds = 0.0 if link is None else sum(collective_seconds(link, c, n, p, k)
+                                           for _, c, n, p, k in comm)
+    return {"compute_s": compute, "comm_s": seconds, "step_s": compute + seconds}
+
+
 def predict_step_time(config: GPTConfig, layout: Layout, batch_size: int,
                       flops: float, states: dict, matmul_peak: float,
                       link: AlphaBeta | None) -> dict[str, float]:
     """``compute_s`` + ``comm_s`` = ``step_s`` for one rank, before it runs: ``flops`` of the
     step on the global batch, ``matmul_peak`` (FLOP/s of one rank), ``link`` (α, β; ``None``:
     one process, no communication)."""
-    stage = flops / (layout.dp_size * layout.tp * layout.pp) / matmul_peak
-    compute = stage / (1 - bubble_formula(layout.pp, 1))  # one micro-batch: the stages take turns
-    comm = 0.0 if link is None else sum(collective_seconds(link, c, n, p, k)
-                                        for _, c, n, p, k in comm_per_step(config, layout,
-                                                                           batch_size, states))
-    return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
+    return step_time(rank_work(config, layout, batch_size, flops, states), matmul_peak, link)
+
+
+def slowest(works: list[tuple], constants: dict) -> dict[str, float]:
+    """The slowest of the ranks' :func:`rank_work` at this machine's ``constants``
+    (``matmul_peak``; ``link``: α, β, or ``None`` alone): no layout needed any more."""
+    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
+    return max((step_time(w, constants["matmul_peak"], link) for w in works),
+               key=lambda t: t["step_s"])
 
 
 def slowest_step(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
                  ranks: list[dict], constants: dict) -> dict[str, float]:
     """The slowest rank's :func:`predict_step_time` with this machine's ``constants``
     (``matmul_peak``; ``link``: α, β, or ``None`` alone); ``ranks``: each rank's states."""
-    link = AlphaBeta(*constants["link"]) if constants.get("link") else None
-    times = [predict_step_time(config, layout, batch_size, flops, b, constants["matmul_peak"],
-                               link) for b in ranks]
-    return max(times, key=lambda t: t["step_s"])
+    return slowest([rank_work(config, layout, batch_size, flops, b) for b in ranks], constants)

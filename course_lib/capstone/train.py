@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
+from course_lib.capstone.predict import slowest
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.communication.formulas import fit_alpha_beta
 from course_lib.communication.benchmark import bench_rank
@@ -234,11 +235,14 @@ def machine_constants(device: str = "cpu") -> dict:
     return out
 
 
-def rank_entry(config, layout, steps, kwargs) -> dict:
-    """What ``train_gpt`` ships to each rank: this machine's constants (before the first step,
-    for the step-time prediction and MFU), then training."""
+def rank_entry(config, layout, steps, kwargs, work: list | None = None) -> dict:
+    """What ``train_gpt`` ships to each rank: this machine's constants, measured before the
+    first step for the MFU and, with ``work`` (every rank's
+    :func:`~course_lib.capstone.predict.rank_work`), the step-time prediction
+    (``step_predicted``: the slowest rank's); then training."""
     constants = machine_constants(kwargs.get("device", "cpu"))
-    return {**train_rank_capstone(config, layout, steps, **kwargs), **constants}
+    predicted = {"step_predicted": slowest(work, constants)} if work else {}
+    return {**predicted, **train_rank_capstone(config, layout, steps, **kwargs), **constants}
 
 
 # names before issue 51 (``train_rank`` named three loops; the device choice is the launcher's)
