@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.capstone.predict import rank_prediction, slowest
 from course_lib.capstone.train import machine_constants, rank_entry
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layout import DENSE, MAX_RANKS, Layout
+from course_lib.composition.predict import rank_prediction, slowest
 from course_lib.composition.records import Record
 from course_lib.fault_tolerance.training import Fault
 from course_lib.launcher.devices import place, usable_cores

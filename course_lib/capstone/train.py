@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
-from course_lib.capstone.predict import slowest
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.communication.formulas import fit_alpha_beta
 from course_lib.communication.benchmark import bench_rank
@@ -30,6 +29,7 @@ from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.layout import Layout
 from course_lib.composition.measure import _quiet
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
+from course_lib.composition.predict import slowest
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
 from course_lib.common.deprecation import renamed, warn_renamed
@@ -238,7 +238,7 @@ def machine_constants(device: str = "cpu") -> dict:
 def rank_entry(config, layout, steps, kwargs, work: list | None = None) -> dict:
     """What ``train_gpt`` ships to each rank: this machine's constants, measured before the
     first step for the MFU and, with ``work`` (every rank's
-    :func:`~course_lib.capstone.predict.rank_work`), the step-time prediction
+    :func:`~course_lib.composition.predict.rank_work`), the step-time prediction
     (``step_predicted``: the slowest rank's); then training."""
     constants = machine_constants(kwargs.get("device", "cpu"))
     predicted = {"step_predicted": slowest(work, constants)} if work else {}
