@@ -1,4 +1,4 @@
-"""The α-β (latency-bandwidth) model of a ring all-reduce and its fit: pure formulas (chapter 5).
+"""The α-β (latency-bandwidth) model of a ring all-reduce and its fit, pure formulas (ch. 5).
 
 One message of ``m`` bytes costs ``α + m·β``: a fixed latency ``α`` plus ``β`` seconds per byte.
 A ring all-reduce of ``n`` bytes on ``p`` ranks makes ``2(p-1)`` steps of ``n/p`` bytes
