@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.capstone.predict import predict_rank, slowest_step
 from course_lib.capstone.train import machine_constants, rank_entry
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layout import DENSE, MAX_RANKS, Layout
+from course_lib.composition.predict import rank_prediction, slowest
 from course_lib.composition.records import Record
 from course_lib.fault_tolerance.training import Fault
 from course_lib.launcher.devices import place, usable_cores
@@ -47,6 +47,7 @@ class RunPrediction(Record):
     flops_per_step: int
     tokens_per_step: int
     step_predicted: dict | None = None
+    rank_work: list[tuple] | None = None  # per rank: FLOPs, bubble stretch, collectives
 
 
 @dataclasses.dataclass
@@ -133,12 +134,13 @@ def predict_run(layout: Layout | dict, preset: str | GPTConfig = "small", batch_
     with ``constants`` (:func:`measure_constants`) also ``step_predicted`` (seconds).
     ``steps`` and ``ckpt_dir`` are checked as :func:`train_gpt` would take them."""
     layout, config = validate_run(layout, preset, steps, batch_size, ckpt_dir)
-    rows = [predict_rank(config, layout, batch_size, r) for r in range(layout.world)]
-    out = RunPrediction(layout, config, layout.world, [b for b, _ in rows], [p for _, p in rows],
-                        step_flops(config, batch_size), batch_size * config.seq_len)
+    flops = step_flops(config, batch_size)
+    rows = [rank_prediction(config, layout, batch_size, r, flops) for r in range(layout.world)]
+    states, peaks, work = (list(column) for column in zip(*rows))
+    out = RunPrediction(layout, config, layout.world, states, peaks, flops,
+                        batch_size * config.seq_len, rank_work=work)
     if constants is not None:
-        out.step_predicted = slowest_step(config, layout, batch_size, out.flops_per_step,
-                                          out.bytes_predicted, constants)
+        out.step_predicted = slowest(work, constants)
     return out
 
 
@@ -167,11 +169,10 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     kwargs = {"batch_size": batch_size // layout.dp_size, "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
               "every": every, "faults": tuple(faults), "device": placement.device}
-    results = run(rank_entry, layout.world, config, layout, steps, kwargs, timeout=timeout,
-                  threads=1, device=placement.device, backend=placement.backend)
+    results = run(rank_entry, layout.world, config, layout, steps, kwargs, predicted.rank_work,
+                  timeout=timeout, threads=1, device=placement.device, backend=placement.backend)
     first = results[0]
-    step = slowest_step(config, layout, batch_size, predicted.flops_per_step,
-                        predicted.bytes_predicted, first)
+    step = first["step_predicted"]
     cores = min(layout.world, usable_cores())  # affinity mask and cgroup quota, not the host's
     ran = len(first["step_seconds"])
     train_s = sum(first["step_seconds"])

@@ -22,13 +22,14 @@ from torch.distributed.fsdp import FSDPModule
 
 from course_lib.capstone.data import DataOrder, Windows, split_corpus, val_batch
 from course_lib.common.models import GPT, GPTConfig
-from course_lib.communication.alphabeta import fit_alpha_beta
+from course_lib.communication.formulas import fit_alpha_beta
 from course_lib.communication.benchmark import bench_rank
 from course_lib.common.training import make_optimizer
 from course_lib.composition.compose import build_2d, dense_params, state_bytes
 from course_lib.composition.layout import Layout
-from course_lib.composition.measure import _quiet
+from course_lib.composition.measure import quiet_dtensor_notes
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
+from course_lib.composition.predict import slowest
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
 from course_lib.fault_tolerance.training import Fault, fire
 from course_lib.common.deprecation import renamed, warn_renamed
@@ -148,7 +149,7 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     mine = {(f.step, f.kind): f for f in faults if f.attempt == attempt and f.rank == rank}
     torch.set_num_threads(threads)  # the same float work under run and under torchrun
-    _quiet()  # DTensor's note on gathering 2-D shards, once per rank
+    quiet_dtensor_notes()  # DTensor's note on gathering 2-D shards, once per rank
     b = build(config, layout, seed, device)
     model = b["model"]
     optimizer = make_optimizer(model.parameters(), "adam", lr=lr)
@@ -234,11 +235,14 @@ def machine_constants(device: str = "cpu") -> dict:
     return out
 
 
-def rank_entry(config, layout, steps, kwargs) -> dict:
-    """What ``train_gpt`` ships to each rank: this machine's constants (before the first step,
-    for the step-time prediction and MFU), then training."""
+def rank_entry(config, layout, steps, kwargs, work: list | None = None) -> dict:
+    """What ``train_gpt`` ships to each rank: this machine's constants, measured before the
+    first step for the MFU and, with ``work`` (every rank's
+    :func:`~course_lib.composition.predict.rank_work`), the step-time prediction
+    (``step_predicted``: the slowest rank's); then training."""
     constants = machine_constants(kwargs.get("device", "cpu"))
-    return {**train_rank_capstone(config, layout, steps, **kwargs), **constants}
+    predicted = {"step_predicted": slowest(work, constants)} if work else {}
+    return {**predicted, **train_rank_capstone(config, layout, steps, **kwargs), **constants}
 
 
 # names before issue 51 (``train_rank`` named three loops; the device choice is the launcher's)

@@ -119,4 +119,5 @@ def moe_shapes(ep: int, moe: dict | None = None) -> list[tuple[int, ...]]:
 
 def predict_moe_bytes(ep: int, moe: dict | None = None) -> dict[str, int]:
     """One rank's model-state bytes for the ``"ep"`` layout (replicated router, E/ep experts)."""
-    return _states(per_rank_bytes(moe_shapes(ep, moe), "ddp", 1)[0])
+    shapes = moe_shapes(ep, moe)
+    return _states(per_rank_bytes(shapes, "ddp", 1)[0])

@@ -18,7 +18,7 @@ from torch import nn
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.composition.compose import local_bytes, state_bytes, train_2d
+from course_lib.composition.compose import state_bytes, train_2d
 from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
                                            cp_predicted_bytes)
 from course_lib.composition.layout import MOE, Layout
@@ -74,7 +74,7 @@ class ParallelReport(Record):
                 and self.max_abs_grad_diff_vs_single < self.grad_tolerance)
 
 
-def _quiet() -> None:
+def quiet_dtensor_notes() -> None:
     """Silence DTensor's note that gathering a 2-D sharded tensor takes two all_gathers."""
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
@@ -161,7 +161,7 @@ def _max_diff(results: list[dict], single: dict, key: str) -> float:
 
 
 def _rank_2d(config, layout: Layout, steps, batch):
-    _quiet()
+    quiet_dtensor_notes()
     if layout.pp > 1:
         return train_pp(config, layout, steps, batch, lr=LR)
     return train_2d(config, layout, steps, batch, lr=LR)
@@ -184,17 +184,18 @@ def run_parallel(layout: Layout | dict, *, preset: str = "tiny", steps: int = 2,
     layout = Layout.parse(layout, config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if layout.cp > 1:
-        return _run_cp(config, layout.cp, (batch or (2,))[0])
-    if layout.ep > 1:
-        return _run_ep(layout, steps, (batch or (16,))[0])
+    runner = _run_cp if layout.cp > 1 else _run_ep if layout.ep > 1 else _run_gpt
+    return runner(config, layout, steps, batch)
+
+
+def _run_gpt(config, layout: Layout, steps: int, batch: tuple[int, int] | None) -> ParallelReport:
+    """The GPT on the layout's ranks against the same GPT in this process on the global batch."""
     batch = tuple(batch or (2, 32))
     if batch[1] > config.seq_len:
         raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
+    predicted = [predict_pp_bytes(config, layout, layout.stage_of(r)) for r in range(layout.world)]
     results = run(_rank_2d, layout.world, config, layout, steps, batch)
-    single, losses = single_gpt(config, steps, batch, layout.dp_size)
-    predicted = [predict_pp_bytes(config, layout, layout.stage_of(r["rank"])) for r in results]
-    return _report(layout, results, single, losses, predicted)
+    return _report(layout, results, *single_gpt(config, steps, batch, layout.dp_size), predicted)
 
 
 def _report(layout: Layout, results: list[dict], single: dict, losses: list,
@@ -203,24 +204,27 @@ def _report(layout: Layout, results: list[dict], single: dict, losses: list,
     return ParallelReport(
         layout, layout.world, _max_diff(results, single, "params"),
         _max_diff(results, single, "grads"), TOLERANCE, GRAD_TOLERANCE,
-        [RankBytes(r["rank"], r["bytes"], p) for r, p in zip(results, predicted)],
+        [RankBytes(r["rank"], r["bytes"], predicted[r["rank"]]) for r in results],
         losses={"mean over ranks": mean, "single": losses}, **extra)
 
 
-def _run_ep(layout: Layout, steps: int, tokens: int) -> ParallelReport:
+def _run_ep(config, layout: Layout, steps: int, batch: tuple[int] | None) -> ParallelReport:
     """The MoE layer with its experts over ``ep`` ranks against the whole layer in this process."""
+    tokens = (batch or (16,))[0]
+    predicted = [predict_moe_bytes(layout.ep)] * layout.world
     results = run(train_ep, layout.world, layout.ep, steps, tokens)
     single, losses, counts = single_moe(layout.ep, steps, tokens)
-    return _report(layout, results, single, losses, [predict_moe_bytes(layout.ep)] * layout.world,
+    return _report(layout, results, single, losses, predicted,
                    tokens_per_expert={e: n for r in results
                                       for e, n in r["log"]["tokens_per_expert"].items()},
                    tokens_per_expert_single=counts.tolist(),
                    all_to_all_bytes=[r["log"]["all_to_all_bytes"] for r in results])
 
 
-def _run_cp(config, cp: int, sequences: int) -> ParallelReport:
+def _run_cp(config, layout: Layout, steps: int, batch: tuple[int] | None) -> ParallelReport:
     """Ring attention on ``cp`` ranks vs SDPA on the full sequence in this process: the output,
     and dq, dk, dv of the ring backward (loss: the output times a seeded weight, summed)."""
+    cp, sequences = layout.cp, (batch or (2,))[0]
     shape = (sequences, config.n_head, config.seq_len, config.head_dim)
     results = run(cp_attention_rank, cp, shape)
     grads = run(cp_attention_grad_rank, cp, shape)
@@ -235,6 +239,6 @@ def _run_cp(config, cp: int, sequences: int) -> ParallelReport:
     predicted = cp_predicted_bytes(shape, cp)
     keys = ("activation_bytes", "score_bytes")
     return ParallelReport(
-        Layout(cp=cp), cp, (got - full).abs().max().item(), grad_diff, 1e-5, 1e-5,
+        layout, cp, (got - full).abs().max().item(), grad_diff, 1e-5, 1e-5,
         [RankBytes(r["rank"], {k: r[k] for k in keys}, predicted) for r in results],
         what="attention forward and backward", single_bytes=cp_predicted_bytes(shape, 1))

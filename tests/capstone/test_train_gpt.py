@@ -71,6 +71,10 @@ def test_step_prediction_is_built_from_the_machine_constants(runs):
         assert t["compute_s"] == pytest.approx(expected / (1 - bubble_formula(layout.pp, 1)))
         assert (t["comm_s"] > 0) == (r.world > 1) and (r.link is None) == (r.world == 1)
         assert r.step_ratio == pytest.approx(r.step_seconds / t["step_s"])  # not a bound
+        # made in the ranks before their first step, from rank 0's constants: the same numbers
+        # as predict_run gives here from the constants the report carries
+        again = predict_run(layout, r.preset, 8, {"matmul_peak": r.matmul_peak, "link": r.link})
+        assert t == pytest.approx(again.step_predicted, rel=1e-12)
 
 
 def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes():
