@@ -8,7 +8,7 @@ communication backward could not hide; ``core_wait_s = compute_s - compute_cpu_s
 time spent waiting for a core (contention, not communication). ``pin=True`` gives every rank its
 own cores. Strong scaling fixes the global batch (ideal ``T(1)/p``), weak scaling the per-rank
 batch (ideal ``T(1)``). Ranks get ``cores // p`` threads (at least 1): on 2 cores, 4 ranks share
-them. The formulas and what the hardware allows: docs/decisions.md (communication/scaling.py).
+them. The formulas and what the hardware allows: docs/modules/communication.md (scaling.py).
 """
 from __future__ import annotations
 

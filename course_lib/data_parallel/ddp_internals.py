@@ -8,7 +8,7 @@ bytes written to sockets (``wchar`` of ``/proc/self/io``, beside :func:`expected
 with chapter 01's tracker, and the step time. :func:`compare_accumulation` checks ``no_sync()``,
 :func:`bucket_overhead` measures the buckets beside ``.grad``, :func:`fits_per_world` answers
 "does it fit?" from measured bytes, :func:`dp_explorer` is the widget's run. What each number
-means and why gloo on the CPU: docs/decisions.md (data_parallel/ddp_internals.py).
+means and why gloo on the CPU: docs/modules/data_parallel.md (ddp_internals.py).
 """
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
 # (``bucket: dist.GradBucket``, returns ``torch.futures.Future[torch.Tensor]``).

@@ -7,8 +7,7 @@ optimizer's states — each storage once, padding included); **predicted**,
 :func:`predict_deepspeed` (from the shapes, with DeepSpeed's layout rules, in fp32 or bf16); and
 **DeepSpeed's own estimate**, :func:`deepspeed_estimate` (its ZeRO-2 and ZeRO-3
 ``estimate_*_model_states_mem_needs``, which assume 16-bit mixed precision). Why not chapter 01's tracker, the layout
-rules and what DeepSpeed's estimate leaves out: docs/decisions.md (deepspeed/census.py, the
-module's name before issue 51).
+rules and what DeepSpeed's estimate leaves out: docs/modules/deepspeed.md (holdings.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ reshards (saved by 2 ranks, loaded by 4 or 1); RNG states are restored only at t
 size. A checkpoint is data, never code, and reading one reaches nothing outside its folder
 (:mod:`course_lib.fault_tolerance.checkpoint_safe`); ``load_checkpoint`` checks all it can
 before touching the model and puts it back if reading the shards fails. The layout on disk and
-the trust boundary in full: docs/decisions.md (fault_tolerance/checkpoint.py).
+the trust boundary in full: docs/modules/fault_tolerance.md (checkpoint.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Dettmers et al. 2023 or ``"int4"``; two indices per byte, 4.5 bits per weight).
 :class:`QuantLinear` is a frozen linear holding such a weight as buffers and dequantizing it
 inside a custom autograd function, in forward and again in backward, so no full-precision copy
 is saved for backward. The error bounds, the bytes, and why not torchao or bitsandbytes:
-docs/decisions.md (finetuning/quantize.py).
+docs/modules/finetuning.md (quantize.py).
 """
 from __future__ import annotations
 

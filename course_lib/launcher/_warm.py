@@ -7,7 +7,7 @@ server forks once per job, answers ``(job id, pid)``, and when it reaps a child 
 status into the rank's exit-status pipe and kills the rest of that rank's process group. Pids are
 matched to jobs by id; after any doubt the client kills the server and the next run starts a
 fresh one. The server exits when its stdin closes (the kernel died). Why not multiprocessing's
-forkserver, and what makes a fork cheaper here: docs/decisions.md (launcher/_warm.py).
+forkserver, and what makes a fork cheaper here: docs/modules/launcher.md (_warm.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ FSDP2 ``fully_shard`` on every block and the root with ``reshard_after_forward=F
 ``"fsdp"`` the same with ``True`` (ZeRO-3). ``precision="amp"``: bf16 compute, fp32 master
 weights (autocast for DDP and ZeRO-1, FSDP2's ``MixedPrecisionPolicy``); ``"mixed"`` (ZeRO-2,
 FSDP) is that policy read as chapter 01's mixed precision. Byte counts and the traps avoided
-(FSDP1's SHARD_GRAD_OP, tied embeddings): docs/decisions.md (sharding/strategies.py).
+(FSDP1's SHARD_GRAD_OP, tied embeddings): docs/modules/sharding.md (strategies.py).
 """
 from __future__ import annotations
 
