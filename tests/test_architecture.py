@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_layout import BOTTOM, CHAPTERS, ROOT, graph, imports, module_name, room
+from tests.test_layout import (BOTTOM, CHAPTERS, ROOT, graph, imported, imports, module_name,
+                               room)
 
 REPO = ROOT.parent
 PAGE = (REPO / "docs" / "architecture.md").read_text()
@@ -52,14 +53,7 @@ def local_imports(path: Path) -> set[str]:
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
-            if isinstance(node, ast.Import):
-                out.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                out.add(base)
+            out |= imported(node, package)
     return out
 
 

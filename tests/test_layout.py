@@ -32,16 +32,22 @@ def imports(path: Path, name: str) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            out.update(f"{base}.{a.name}" for a in node.names)
-            out.add(base)
+        out |= imported(node, package, names=True)
     return out
+
+
+def imported(node: ast.AST, package: str, names: bool = False) -> set[str]:
+    """The modules one import statement names (relative ones resolved; ``names``: each
+    ``module.name`` of a from-import too); empty for any other node."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return {base} | ({f"{base}.{a.name}" for a in node.names} if names else set())
 
 
 def graph(root: Path) -> dict[str, set[str]]:
