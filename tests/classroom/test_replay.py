@@ -139,6 +139,17 @@ def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
     assert passed and "checked inside your sandbox" in lines[-1] and "not counted" in lines[-1]
 
 
+def test_a_value_measured_in_the_learners_own_run_is_for_review():
+    [chapter] = [c for c in CHAPTERS if c.stem.startswith("05")]
+    cells = json.loads(chapter.read_text())["cells"]
+    exercises = find_exercises(cells)
+    job = _job(cells, exercises, [e.solution for e in exercises], 60, 10 ** 6)
+    marked = [k for k, e in enumerate(exercises)
+              if cells[e.cell]["metadata"].get("exercise_review")]
+    assert [k for k, x in enumerate(job["exercises"]) if not x["replay"]] == marked
+    assert any("row.busbw" in exercises[k].source for k in marked)
+
+
 def test_a_verdict_made_inside_the_submission_is_for_review_and_not_counted(tmp_path):
     from tools.classroom.grade import ExerciseResult, Result
     from tools.classroom.gradebook import write_gradebook

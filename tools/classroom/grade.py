@@ -199,8 +199,9 @@ def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_lim
         lines.append(f"your code raised {str(error)[:300]}" if not replayed or
                      not str(error).startswith("the check") else str(error)[:300])
     if not replayed:
-        lines.append("(checked inside your sandbox: an answer that is a class is not replayed, so "
-                     "this verdict is advice only; your teacher reviews it, and it is not counted)")
+        lines.append("(checked inside your sandbox: this answer cannot be judged by a separate "
+                     "run, so this verdict is advice only; your teacher reviews it, and it is not "
+                     "counted)")
     return bool(passed) and all(passed) and not error, lines or ["the check did not run"]
 
 
@@ -234,7 +235,8 @@ def _job(published: list, exercises: list, answers: list, time_limit: float,
         values, functions = stubs(e.source)
         names.append([(n, False) for n in values] + [(n, True) for n in functions])
         replayable.append(not any(isinstance(n, ast.ClassDef) and _is_stub(n)
-                                  for n in ast.parse(e.source).body))
+                                  for n in ast.parse(e.source).body)
+                          and not published[e.cell].get("metadata", {}).get("exercise_review"))
     return {"cells": cells, "time_limit": time_limit, "output_cap": output_cap,
             "setup_limit": SETUP_LIMIT,
             "exercises": [{"cell": e.cell, "replay": r, "judge": _judging(e.source, n)}
