@@ -42,3 +42,23 @@ def test_restart_everything_loses_the_steps_since_the_last_checkpoint():
     from course_lib.communicating_less.restart import restart_everything
     row = restart_everything(steps=8, kill_at=7, every=4)
     assert row["resumed_from"] == 4 and row["lost_steps"] == 3
+
+
+def test_the_job_runs_with_the_warm_server_paused(monkeypatch):
+    """Issue 50: the torchft job's zygote imports torch itself; the kernel's idle warm server is
+    ended meanwhile (where the pod is small) rather than kept beside the replicas."""
+    import subprocess
+
+    from course_lib.communicating_less import replicas
+    from test_slow_link import recording_pause
+    seen, paused = [], []
+
+    def fake_run(argv, **kwargs):
+        seen.append(bool(paused))
+        done = ('{"replica": 0, "done": true}\n{"replica": 1, "done": true}\n')
+        return subprocess.CompletedProcess(argv, 0, stdout=done, stderr="")
+
+    monkeypatch.setattr(replicas, "server_paused", recording_pause(paused))
+    monkeypatch.setattr(replicas.subprocess, "run", fake_run)
+    assert len(survive_a_failure(steps=3, kill_at=1)) == 2
+    assert seen == [True] and not paused
