@@ -111,38 +111,32 @@ def synced(cell_source: str, module_source: str) -> str:
 
 def sync_notebook(path: Path, write: bool = True) -> list[str]:
     """Sync (or, with ``write=False``, only inspect) one notebook; returns what differed."""
-    text = path.read_text()
-    nb = json.loads(text)
+    original = path.read_text()
+    nb = json.loads(original)
     problems = []
     for i, cell in enumerate(nb["cells"]):
-        script = cell.get("metadata", {}).get(SCRIPT_KEY)
-        if cell["cell_type"] == "code" and script is not None:
-            source = "".join(cell["source"])
-            try:
-                text = script_path(script).read_text()
-            except FileNotFoundError as err:
-                problems.append(f"{path.name} cell {i}: {err}")
-                continue
-            found = script_drift(source, script, text)
-            problems += [f"{path.name} cell {i}: {p}" for p in found]
-            if found and source.startswith("%%torchrun"):
-                cell["source"] = (source.partition("\n")[0] + "\n" + text).splitlines(keepends=True)
-            continue
-        module = cell.get("metadata", {}).get(KEY)
-        if cell["cell_type"] != "code" or module is None:
+        meta = cell.get("metadata", {})
+        script, module = meta.get(SCRIPT_KEY), meta.get(KEY)
+        if cell["cell_type"] != "code" or (script is None and module is None):
             continue
         source = "".join(cell["source"])
-        try:
-            library = module_path(module).read_text()
+        try:  # the copy's home: a script, or a library module
+            home = (script_path(script) if script is not None else module_path(module)).read_text()
         except FileNotFoundError as err:
             problems.append(f"{path.name} cell {i}: {err}")
             continue
-        problems += [f"{path.name} cell {i}: {p}" for p in drift(source, library, module)]
-        new = synced(source, library)
+        if script is not None:
+            found = script_drift(source, script, home)
+            new = (source.partition("\n")[0] + "\n" + home
+                   if found and source.startswith("%%torchrun") else source)
+        else:
+            found = drift(source, home, module)
+            new = synced(source, home)
+        problems += [f"{path.name} cell {i}: {p}" for p in found]
         if new != source:
             cell["source"] = new.splitlines(keepends=True)
     out = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
-    if write and out != text:
+    if write and out != original:
         path.write_text(out)
     return problems
 
