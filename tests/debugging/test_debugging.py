@@ -108,10 +108,13 @@ def _flight_record():
     dist.all_reduce(t)
     dist.all_reduce(t)
     if dist.get_rank() == 0:
-        dist.broadcast(t, 0, async_op=True)  # rank 1 never joins
-    time.sleep(0.2)
+        dist.broadcast(t, src=1, async_op=True)  # rank 1 never sends: pending on rank 0
     assert os.environ.get("TORCH_FR_BUFFER_SIZE") == "64"
-    record = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    for _ in range(100):  # a finished collective is marked retired a moment after it returns
+        record = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+        if all(e["retired"] for e in record["entries"][:2]):
+            break
+        time.sleep(0.05)
     return [(e["collective_seq_id"], e["profiling_name"], e["state"], e["retired"])
             for e in record["entries"]]
 
