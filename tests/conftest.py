@@ -91,3 +91,12 @@ def no_leftover_ranks():
     yield
     leftovers = [p.pid for p in rank_processes()]
     assert wait_gone(leftovers) == [], f"processes left behind: {leftovers}"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """A test's pyplot figures are closed after it (they would pile up over the session)."""
+    yield
+    import sys
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
