@@ -28,6 +28,11 @@ LANES = ("compute", "comm")
 _FRIENDLY = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
 
 
+def lane_order(lane: str) -> int:
+    """Where ``lane`` sorts among a rank's rows: compute, comm, then any other."""
+    return LANES.index(lane) if lane in LANES else len(LANES)
+
+
 class Span(NamedTuple):
     """One thing a rank did: ``lane`` is "compute" or "comm"; times in perf_counter seconds."""
 
@@ -150,8 +155,7 @@ def merge(*groups: Iterable[Span], origin: float | None = None) -> list[Span]:
         return []
     zero = min(s.t0 for s in spans) if origin is None else origin
     shifted = [s._replace(t0=s.t0 - zero, t1=s.t1 - zero) for s in spans]
-    return sorted(shifted, key=lambda s: (s.rank, LANES.index(s.lane) if s.lane in LANES else 9,
-                                          s.t0))
+    return sorted(shifted, key=lambda s: (s.rank, lane_order(s.lane), s.t0))
 
 
 def lane_slots(spans: Iterable[Span]) -> list[int]:
@@ -179,8 +183,7 @@ def chrome_trace(spans: Iterable[Span]) -> dict:
     slots = lane_slots(spans)
     events, named = [], set()
     for s, slot in zip(spans, slots):
-        lane_index = LANES.index(s.lane) if s.lane in LANES else len(LANES)
-        tid = 10 * lane_index + slot
+        tid = 10 * lane_order(s.lane) + slot
         if s.rank not in {p for p, _ in named}:
             events.append({"name": "process_name", "ph": "M", "pid": s.rank, "tid": 0,
                            "args": {"name": f"rank {s.rank}"}})

@@ -130,20 +130,18 @@ def culprit(state, ranks: list, sel, wait: float = PEER_WAIT_S):
     """The rank to blame: ``state``, unless its error says a peer went away and, within
     ``wait`` seconds, a peer is seen dead without answering (result pipe closed, no result) or
     failing for a reason of its own."""
-    from course_lib.launcher._rank_pipes import open_pipes, pump
+    from course_lib.launcher._rank_pipes import open_pipes, pump_until
     outcome = state.outcome
     if not (outcome and outcome[0] == "error" and _PEER_GONE.search(outcome[2])):
         return state
-    end = time.monotonic() + wait
-    while True:
-        dead = [r for r in ranks if r is not state and (
+
+    def dead() -> list:
+        return [r for r in ranks if r is not state and (
             r.dump  # it has begun writing an abort dump: it is dying
             or (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
             or (r.outcome and r.outcome[0] == "error" and not _PEER_GONE.search(r.outcome[2])))]
-        if dead or time.monotonic() >= end:
-            return dead[0] if dead else state
-        for key, _ in sel.select(timeout=0.05):
-            pump(key.data[0], key.data[1], key.fd, sel)
+    pump_until(sel, dead, time.monotonic() + wait)
+    return (dead() or [state])[0]
 
 
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")

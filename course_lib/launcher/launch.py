@@ -26,7 +26,7 @@ import cloudpickle
 
 from course_lib.launcher import _diagnose, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
-from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
 from course_lib.launcher._server_cache import ServerCache as _ServerCache
 from course_lib.launcher._server_cache import idle_seconds, memory_limit  # noqa: F401 (their home)
@@ -150,8 +150,15 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     except Exception as exc:
         raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
                         f"ranks: {exc}") from exc
+    phases = [("called", start), ("checked and pickled", time.monotonic())]
+    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
+               "debug": level}
     try:
-        return _launch(fn, placement, payload, timeout, report, start, level)
+        _trim_heap()
+        with _SERVERS.using() as server:
+            phases.append(("server ready", time.monotonic()))
+            return _launch(server, fn, placement, payload, timeout, report, start, phases,
+                           context)
     except RankError:
         show_in_notebook()  # in a kernel: the raw dump of a dying rank folded under one line
         raise
@@ -161,24 +168,10 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
             from None
 
 
-def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes,
-            timeout: float, report: RunReport | None, start: float, debug: str | None) -> list:
-    """Start the ranks, supervise them, and end every one of them on the way out."""
-    nprocs = placement.nprocs
-    phases = [("called", start), ("checked and pickled", time.monotonic())]
-    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
-               "debug": debug}
-    _trim_heap()
-    with _SERVERS.using() as server:
-        phases.append(("server ready", time.monotonic()))
-        return _launch_on(server, fn, placement, payload, timeout, report, start, debug, phases,
-                          context)
-
-
-def _launch_on(server: WarmServer, fn: Callable[..., Any], placement: devices.Placement,
-               payload: bytes, timeout: float, report: RunReport | None, start: float,
-               debug: str | None, phases: list, context: dict) -> list:
-    """:func:`_launch` once the server is ready and held busy."""
+def _launch(server: WarmServer, fn: Callable[..., Any], placement: devices.Placement,
+            payload: bytes, timeout: float, report: RunReport | None, start: float, phases: list,
+            context: dict) -> list:
+    """Start the ranks on the ready server, supervise them, end every one on the way out."""
     nprocs = placement.nprocs
     workdir = make_run_dir()
     lifeline_r, lifeline_w = os.pipe()
@@ -223,10 +216,10 @@ def _launch_on(server: WarmServer, fn: Callable[..., Any], placement: devices.Pl
             for state in ranks:
                 if state.outcome is None:
                     state.kill()
-            drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            drain(sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
             for state in ranks:  # a dump held back for an error that reported another rank
                 for line in [] if state.dump_shown else state.dump:
-                    emit(line.encode(), state.rank, sys.stderr)
+                    progress.emit(line, state.rank, sys.stderr)
         finally:  # even when a second Stop arrives while draining
             try:
                 if not succeeded:

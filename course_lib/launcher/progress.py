@@ -19,10 +19,9 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence, TextIO
 
-__all__ = ["running", "report", "watch", "emit", "interactive", "fold", "View", "Fold"]
+__all__ = ["running", "report", "watch", "emit", "interactive", "fold", "View"]
 
 DELAY_S = 2.0   # runs shorter than this show nothing extra
 HEAD = 20       # lines streamed as usual before the rest is folded
@@ -63,33 +62,19 @@ def prefix(rank: int | None) -> str:
     return "[torchrun] " if rank is None else f"[rank {rank}] "
 
 
-@dataclass
-class Fold:
-    """Which lines stream as usual (``shown``) and which are folded, grouped per rank."""
-
-    shown: list[tuple[int | None, str]]
-    hidden: dict[int | None, list[str]] = field(default_factory=dict)
-
-    @property
-    def hidden_count(self) -> int:
-        return sum(map(len, self.hidden.values()))
-
-
-def fold(lines: Sequence[tuple[int | None, str]], head: int = HEAD) -> Fold:
-    """The first ``head`` lines (arrival order) are shown, the rest folded per rank, as streamed."""
-    result = Fold(list(lines[:head]))
+def fold(lines: Sequence[tuple[int | None, str]], head: int = HEAD) -> dict[int | None, list[str]]:
+    """What folds: the lines after the first ``head`` (arrival order, shown as streamed), per rank."""
+    hidden: dict[int | None, list[str]] = {}
     for rank, text in lines[head:]:
-        result.hidden.setdefault(rank, []).append(text)
-    return result
+        hidden.setdefault(rank, []).append(text)
+    return hidden
 
 
-def render_fold(folded: Fold) -> str:
+def render_fold(hidden: dict[int | None, list[str]]) -> str:
     """HTML: one collapsed ``<details>`` per rank, its summary naming the count and last line."""
-    if not folded.hidden:
-        return ""
     blocks = []
-    for rank in sorted(folded.hidden, key=lambda r: -1 if r is None else r):
-        texts = folded.hidden[rank]
+    for rank in sorted(hidden, key=lambda r: -1 if r is None else r):
+        texts = hidden[rank]
         who = prefix(rank).strip()
         last = html.escape(texts[-1][:120])
         blocks.append(f"<details><summary>{who}: {len(texts)} more line"
@@ -151,21 +136,14 @@ class View:
             stream.flush()
         return True
 
-    def update(self, done: int | None = None, total: int | None = None,
-               note: str | None = None) -> None:
+    def update(self, done: int | None = None, note: str | None = None) -> None:
         """Record progress (cheap; drawn on the next tick)."""
         with self._lock:
             self.done = self.done if done is None else done
-            self.total = self.total if total is None else total
             self.note = self.note if note is None else note
             if self.outer is not None:
                 bits = [f"{self.done}/{self.total} {self.unit}" if self.total else "", self.note]
                 self.outer.update(note=f"{self.what}: " + " · ".join(b for b in bits if b))
-
-    def advance(self, n: int = 1) -> None:
-        """One more step done (for loops in :func:`running`)."""
-        with self._lock:
-            self.update(done=(self.done or 0) + n)
 
     def tick(self) -> None:
         """Show or refresh the line once the run has lasted ``delay`` seconds."""
@@ -177,8 +155,7 @@ class View:
         with self._lock:
             elapsed = time.monotonic() - self.start
             folded = fold(self.lines, self.head)
-            if not self.live or (self._target is None and not folded.hidden
-                                 and elapsed < self.delay):
+            if not self.live or (self._target is None and not folded and elapsed < self.delay):
                 return
             summary = status_line(self.what, elapsed, self.done, self.total, self.unit,
                                   self.note, state)
@@ -190,13 +167,12 @@ class View:
             if not force and now - self._drawn < 0.2:
                 return
             self._drawn = now
-            folded = fold(self.lines, self.head)
             body = status_line(self.what, now - self.start, self.done, self.total, self.unit,
                                self.note, "running")
-            if folded.hidden:
+            count = len(self.lines) - self.head
+            if count > 0:
                 newest = self.lines[max(self.head, len(self.lines) - TAIL):]
                 tail = [prefix(r) + t for r, t in newest]
-                count = folded.hidden_count
                 body += (f"<br>{count} more line{'s' * (count != 1)}, folded per rank when the "
                          f"run ends; newest:<pre>{html.escape(chr(10).join(tail))}</pre>")
             self._show(_box(body))
@@ -263,7 +239,7 @@ def watch(what: str, total: int | None = None, unit: str = "ranks done", *,
 def running(what: str, total: int | None = None, unit: str = "steps", *,
             delay: float = DELAY_S) -> Iterator[View]:
     """A live line for a long block of notebook code: ``with running("bench", total=n) as p:
-    ... p.advance()``; a thread refreshes the time, runs inside report into the same line."""
+    ... p.update(done=k)``; a thread refreshes the time, runs inside report into the same line."""
     with watch(what, total, unit, delay=delay) as view:
         stop = threading.Event()
         ticker = None
@@ -284,11 +260,7 @@ def running(what: str, total: int | None = None, unit: str = "steps", *,
 
 def emit(text: str, rank: int | None, stream: TextIO) -> bool:
     """Route one rank line through the current view (plain ``[rank r] ...`` when there is none)."""
-    view = _CURRENT.get()
-    if view is None:
-        if _MARKER.match(text):
-            return False
-        stream.write(prefix(rank) + text + "\n")
-        stream.flush()
-        return True
-    return view.line(rank, text, stream)
+    return (_CURRENT.get() or _PLAIN).line(rank, text, stream)
+
+
+_PLAIN = View("", None, "", DELAY_S, HEAD, live=False)  # no view: lines pass, reports vanish
