@@ -5,6 +5,7 @@ Every launcher sizes threads and world sizes from :func:`usable_cores`; the stor
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -31,16 +32,13 @@ def usable_cores(cgroup_root: str = "/sys/fs/cgroup",
 def own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
     """This process's cgroup path per hierarchy: ``""`` for v2, ``"cpu"`` for v1's cpu one."""
     paths = {}
-    try:
-        with open(proc_cgroup) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "":
-                    paths[""] = path
-                elif "cpu" in controllers.split(","):
-                    paths["cpu"] = path
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(proc_cgroup) as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers == "":
+                paths[""] = path
+            elif "cpu" in controllers.split(","):
+                paths["cpu"] = path
     return paths
 
 

@@ -9,6 +9,7 @@ the fields its chapter reads is refused with the field named.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 from pathlib import Path
@@ -24,13 +25,10 @@ SPEED_PATH = Path(__file__).resolve().parents[2] / "data" / "speed_lessons.json"
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``; elsewhere what :mod:`platform` knows)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
@@ -65,10 +66,8 @@ def arm_stack_dump(run_dir: str, rank: int):
 def collect_stacks(pids: dict[int, int], run_dir: str, wait: float = STACK_WAIT_S) -> dict:
     """``{rank: stack text}`` of the ranks ``pids`` (rank -> pid), signalled and read back."""
     for pid in pids.values():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
     raw, sizes, end = {}, {}, time.monotonic() + wait
     while len(raw) < len(pids) and time.monotonic() < end:
         time.sleep(0.02)
@@ -170,23 +169,19 @@ def _fingerprint(text: str) -> str:
 
 def summary(rank: int, message: str, stderr: str) -> str | None:
     """One line naming the ranks and the mismatch, if ``message``/``stderr`` show one."""
-    found = _DETAIL.search(message) or _DETAIL.search(stderr)
-    if found:
+    if found := _DETAIL.search(message) or _DETAIL.search(stderr):
         a, fa, b, fb = found.groups()
         if int(a) > int(b):  # in rank order, whichever rank reported it
             a, fa, b, fb = b, fb, a, fa
         return (f"collective mismatch (found by debug='detail'): rank {a} runs "
                 f"{_fingerprint(fa)} while rank {b} runs {_fingerprint(fb)}")
-    found = _CPU_OOM.search(message) or _CPU_OOM.search(stderr)
-    if found:
+    if found := _CPU_OOM.search(message) or _CPU_OOM.search(stderr):
         return (f"rank {rank} ran out of memory: the CPU allocator could not get "
                 f"{int(found.group(1)) / 2**20:.2f} MiB more (what it held: chapter 01's tracker, "
                 "chapter 10's BudgetTracker)")
-    found = _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr)
-    if found:
+    if found := _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr):
         return f"rank {rank} ran out of GPU memory: it tried to allocate {found.group(1)} more"
-    found = _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message)
-    if found:
+    if found := _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message):
         got, expected = found.groups()
         return (f"rank {rank} died in a collective: it received {got} bytes where {expected} "
                 "were expected: the ranks disagree on a collective's sizes (shapes, dtypes or "

@@ -9,6 +9,7 @@ for the error to show folded, not streamed line by line into the cell.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -47,11 +48,9 @@ class Rank:
         """SIGKILL the rank and its process group (what it started), unless it was reaped."""
         if self.exitcode is None:
             for kill in (os.killpg, os.kill):  # the group; the rank alone if it has none
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     kill(self.pid, signal.SIGKILL)
                     return
-                except ProcessLookupError:
-                    pass
 
 
 def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:

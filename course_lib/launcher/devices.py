@@ -12,6 +12,7 @@ single process starts. The rules (chapter 00 explains them):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -75,12 +76,10 @@ def validate_timeout(timeout: object) -> float:
 
 def loopback_interface() -> str:
     """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
-    try:
+    with contextlib.suppress(OSError):
         for _, name in socket.if_nameindex():
             if name.startswith("lo"):
                 return name
-    except OSError:
-        pass
     return "lo0" if sys.platform == "darwin" else "lo"
 
 

@@ -11,6 +11,7 @@ introduces it; for scripts and multi-node command lines see :func:`course_lib.to
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import linecache
 import os
@@ -63,10 +64,8 @@ def server_paused():
         yield
     finally:
         if ended:
-            try:
+            with contextlib.suppress(OSError):  # none could start now: the next run tries again
                 _SERVERS.get(wait=False)
-            except OSError:  # no process could be started now: the next run tries again
-                pass
 
 
 def _trim_heap() -> None:
@@ -74,10 +73,8 @@ def _trim_heap() -> None:
     kernel's freed heap back to the system (glibc keeps it for reuse; after chapter 09's
     in-kernel reference step, ~0.07 GiB, in ~20 ms). Elsewhere nothing: no run pays for it."""
     if pauses_for_torchrun():
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not glibc (macOS)
             ctypes.CDLL(None).malloc_trim(0)
-        except (AttributeError, OSError):  # not glibc (macOS)
-            pass
 
 
 def warm_up(wait: bool = True) -> None:
@@ -247,9 +244,8 @@ def _release(lifeline_w: int, nprocs: int) -> None:
     """Write one byte per rank on the lifeline (each ends cleanly), then close it (any rank still
     working kills itself — the same as when the parent dies)."""
     try:
-        os.write(lifeline_w, b"x" * nprocs)
-    except OSError:  # BrokenPipeError: every rank has gone already
-        pass
+        with contextlib.suppress(OSError):  # BrokenPipeError: every rank has gone already
+            os.write(lifeline_w, b"x" * nprocs)
     finally:
         os.close(lifeline_w)
 

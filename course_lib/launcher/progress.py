@@ -129,7 +129,7 @@ class View:
             if self.live:
                 self.lines.append((rank, text))
                 if len(self.lines) > self.head:
-                    self._draw(force=False)
+                    self._draw()
                     return True
             stream = stream or sys.stdout
             stream.write(prefix(rank) + text + "\n")
@@ -148,7 +148,7 @@ class View:
     def tick(self) -> None:
         """Show or refresh the line once the run has lasted ``delay`` seconds."""
         if self.live and time.monotonic() - self.start >= self.delay:
-            self._draw(force=False)
+            self._draw()
 
     def close(self, state: str) -> None:
         """Turn the live line into a one-line summary and the folded lines into ``<details>``."""
@@ -161,10 +161,10 @@ class View:
                                   self.note, state)
             self._show(_box(summary + render_fold(folded)))
 
-    def _draw(self, force: bool) -> None:
+    def _draw(self) -> None:
         with self._lock:
             now = time.monotonic()
-            if not force and now - self._drawn < 0.2:
+            if now - self._drawn < 0.2:
                 return
             self._drawn = now
             body = status_line(self.what, now - self.start, self.done, self.total, self.unit,
@@ -242,20 +242,17 @@ def running(what: str, total: int | None = None, unit: str = "steps", *,
     ... p.update(done=k)``; a thread refreshes the time, runs inside report into the same line."""
     with watch(what, total, unit, delay=delay) as view:
         stop = threading.Event()
-        ticker = None
-        if view.live:
-            def loop() -> None:
-                while not stop.wait(0.25):
-                    view.tick()
-            ticker = threading.Thread(target=contextvars.copy_context().run, args=(loop,),
-                                      daemon=True)
-            ticker.start()
+
+        def loop() -> None:  # ends at once where nobody watches
+            while view.live and not stop.wait(0.25):
+                view.tick()
+        ticker = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
+        ticker.start()
         try:
             yield view
         finally:
             stop.set()
-            if ticker is not None:
-                ticker.join()
+            ticker.join()
 
 
 def emit(text: str, rank: int | None, stream: TextIO) -> bool:

@@ -58,8 +58,7 @@ def _hub(opts: dict, timeout: float, what: str) -> list[dict]:
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    with tempfile.TemporaryDirectory(prefix="shaped_link_") as tmp:
-        os.chmod(tmp, 0o700)
+    with tempfile.TemporaryDirectory(prefix="shaped_link_") as tmp:  # 0700: ours alone
         proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher.shaped_link", "hub"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
@@ -94,8 +93,7 @@ def run_pair(target: str, jobs: Sequence[tuple], *, threads: int = 1, pin: bool 
     _resolve(target)  # bad names fail here, and the module's own import errors too
     jobs = _jobs(jobs)
     if mode is None:
-        delay = any(latency for _, latency, _ in jobs)  # then netem must exist too
-        mode, reason = availability(latency=True) if delay else availability()
+        mode, reason = availability(latency=any(lat for _, lat, _ in jobs))  # a delay: netem
         if mode is None:
             raise LinkUnavailable(reason)
     cores = sorted(os.sched_getaffinity(0))[:usable_cores()]
@@ -163,7 +161,9 @@ def _pair(opts: dict, report) -> None:
         for index, (rate, latency, kwargs) in enumerate(opts["jobs"]):
             for pid, iface in zip(pids, ifaces):
                 shape(pid, iface, rate, latency)
-            report(index, rate, latency, nodes.ask({"kwargs": kwargs}))
+            for rank in range(2):
+                nodes.send(rank, {"kwargs": kwargs})
+            report(index, rate, latency, nodes.receive())
         for rank in range(2):
             nodes.send(rank, {"stop": True})
         for proc in nodes.procs:
