@@ -30,8 +30,7 @@ def published(chapter: str, path: Path | str = PUBLISHED_PATH) -> list[dict]:
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected an object with a list 'entries'")
     for e in entries:
-        missing = [k for k in _ENTRY if not isinstance(e, dict) or k not in e]
-        if missing:
+        if missing := [k for k in _ENTRY if not isinstance(e, dict) or k not in e]:
             raise ValueError(f"{path}: an entry lacks {missing}")
     return [e for e in entries if chapter in e["chapters"]]
 

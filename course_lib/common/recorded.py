@@ -41,8 +41,7 @@ def load_record(name: str, fields: Iterable[str], path: str | Path = SPEED_PATH)
     value, meta = data[name].get("value"), data[name].get("meta")
     items = value if isinstance(value, list) else [value]
     for item in items:
-        missing = [f for f in fields if not isinstance(item, dict) or f not in item]
-        if missing:
+        if missing := [f for f in fields if not isinstance(item, dict) or f not in item]:
             raise ValueError(f"{path}: record {name!r} lacks the fields {missing}")
     if not isinstance(meta, dict) or not {"cpu", "cores", "date", "load_1min",
                                           "command"} <= set(meta):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -91,22 +92,17 @@ class Timeline(TorchDispatchMode):
         handles: list = []
         open_: dict = {}
 
-        def begin(kind, name):
-            def hook(*_):
-                open_[(kind, name)] = time.perf_counter()
-            return hook
+        def begin(kind, name, *_):
+            open_[(kind, name)] = time.perf_counter()
 
-        def end(kind, name):
-            def hook(*_):
-                t0 = open_.pop((kind, name), None)
-                if t0 is not None:
-                    self._records.append(["compute", f"{kind} {name}", t0, time.perf_counter()])
-            return hook
+        def end(kind, name, *_):
+            if (t0 := open_.pop((kind, name), None)) is not None:
+                self._records.append(["compute", f"{kind} {name}", t0, time.perf_counter()])
         for name, module in modules:
-            handles += [module.register_forward_pre_hook(begin("forward", name)),
-                        module.register_forward_hook(end("forward", name)),
-                        module.register_full_backward_pre_hook(begin("backward", name)),
-                        module.register_full_backward_hook(end("backward", name))]
+            handles += [module.register_forward_pre_hook(partial(begin, "forward", name)),
+                        module.register_forward_hook(partial(end, "forward", name)),
+                        module.register_full_backward_pre_hook(partial(begin, "backward", name)),
+                        module.register_full_backward_hook(partial(end, "backward", name))]
         return handles
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -151,9 +147,7 @@ def merge(*groups: Iterable[Span], origin: float | None = None) -> list[Span]:
     """All ranks' spans in one list, times shifted so that ``origin`` (default: the earliest
     start) is 0, sorted by rank, lane and start."""
     spans = [Span(*s) for group in groups for s in group]
-    if not spans:
-        return []
-    zero = min(s.t0 for s in spans) if origin is None else origin
+    zero = min((s.t0 for s in spans), default=0.0) if origin is None else origin
     shifted = [s._replace(t0=s.t0 - zero, t1=s.t1 - zero) for s in spans]
     return sorted(shifted, key=lambda s: (s.rank, lane_order(s.lane), s.t0))
 

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 from course_lib.common.deprecation import renamed
 
@@ -71,14 +72,11 @@ def collect_stacks(pids: dict[int, int], run_dir: str, wait: float = STACK_WAIT_
     raw, sizes, end = {}, {}, time.monotonic() + wait
     while len(raw) < len(pids) and time.monotonic() < end:
         time.sleep(0.02)
-        for rank in pids:
-            try:
-                size = os.path.getsize(stack_file(run_dir, rank))
-            except OSError:
-                continue
-            if rank not in raw and size and sizes.get(rank) == size:  # written and settled
-                with open(stack_file(run_dir, rank), errors="replace") as f:
-                    raw[rank] = f.read()
+        for rank in set(pids) - set(raw):
+            path = Path(stack_file(run_dir, rank))
+            size = path.stat().st_size if path.exists() else 0
+            if size and sizes.get(rank) == size:  # written and settled
+                raw[rank] = path.read_text(errors="replace")
             sizes[rank] = size
     return {rank: format_stack(raw[rank]) if rank in raw else
             f"(no stack within {wait:g} s: the rank did not answer SIGUSR1)" for rank in pids}
@@ -92,8 +90,7 @@ def format_stack(raw: str) -> str:
     """faulthandler's dump, the user's threads only, launcher frames cut, source lines added."""
     threads, out = raw.split("\n\n"), []
     for block in threads:
-        frames = [_FRAME.match(line) for line in block.splitlines()]
-        frames = [m for m in frames if m]
+        frames = [m for m in map(_FRAME.match, block.splitlines()) if m]
         if not frames or any(m.group(3) == "_watch_lifeline" for m in frames):
             continue  # the launcher's lifeline thread
         lines = [block.strip().splitlines()[0]]  # "Thread 0x... (most recent call first):"
@@ -104,8 +101,7 @@ def format_stack(raw: str) -> str:
             shown = path.split("site-packages/", 1)[-1]  # torch/..., the same on any machine
             shown = "<notebook cell>" if _CELL.search(shown) else shown
             lines.append(f'  File "{shown}", line {number}, in {func}')
-            source = linecache.getline(path, number).strip()
-            if source:
+            if source := linecache.getline(path, number).strip():
                 lines.append(f"    {source}")
         out.append(lines)
     if len(out) == 1:  # the main thread alone: its header says nothing

@@ -56,15 +56,12 @@ def _private_hosts(libc: ctypes.CDLL) -> None:
     namespace only (made private first: nothing propagates back to the machine's)."""
     _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
     hosts = Path("/etc/hosts").read_text()
-    folder = tempfile.mkdtemp(prefix="course_lib_hosts_")  # 0700: ours alone
-    path = os.path.join(folder, "hosts")
-    try:
-        Path(path).write_text(hosts + _HOSTS)
-        _check(libc.mount(path.encode(), b"/etc/hosts", None, _MS_BIND, None),
+    # 0700, ours alone; removed after the mount, which keeps the file's content
+    with tempfile.TemporaryDirectory(prefix="course_lib_hosts_") as folder:
+        path = Path(folder, "hosts")
+        path.write_text(hosts + _HOSTS)
+        _check(libc.mount(str(path).encode(), b"/etc/hosts", None, _MS_BIND, None),
                "bind-mount /etc/hosts")
-    finally:  # the mount keeps the file's content; its name goes
-        os.unlink(path)
-        os.rmdir(folder)
 
 
 def enter(as_root: bool = False) -> str:

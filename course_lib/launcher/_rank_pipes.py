@@ -99,8 +99,6 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
 
 def _unpickle(raw: bytearray) -> tuple:
     """``(outcome, stamps)`` from a rank's complete result, or ``(None, [])`` if it is cut short."""
-    if not raw:
-        return None, []
     try:
         return pickle.loads(raw)
     except Exception:  # noqa: BLE001 - truncated: the rank died while writing it

@@ -63,8 +63,7 @@ def start(cmd: list[str], net: str | None = None, prefix: Sequence[str] = (),
 def _kill_tree() -> None:
     me = psutil.Process()
     for _ in range(3):  # re-scan: a dying parent may re-parent children to us meanwhile
-        children = me.children(recursive=True)
-        if not children:
+        if not (children := me.children(recursive=True)):
             return
         for child in children:
             with contextlib.suppress(psutil.NoSuchProcess):

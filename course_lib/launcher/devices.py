@@ -12,10 +12,8 @@ single process starts. The rules (chapter 00 explains them):
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
@@ -75,12 +73,9 @@ def validate_timeout(timeout: object) -> float:
 
 
 def loopback_interface() -> str:
-    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
-    with contextlib.suppress(OSError):
-        for _, name in socket.if_nameindex():
-            if name.startswith("lo"):
-                return name
-    return "lo0" if sys.platform == "darwin" else "lo"
+    """Name of the loopback network interface: "lo" on Linux (the kernel names it), "lo0" on
+    macOS and the BSDs."""
+    return "lo" if sys.platform.startswith("linux") else "lo0"
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,8 @@ from course_lib.launcher import _diagnose, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
 from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
-from course_lib.launcher._server_cache import ServerCache as _ServerCache
+from course_lib.launcher._server_cache import ServerCache as _ServerCache, pauses_for_torchrun
 from course_lib.launcher._server_cache import idle_seconds, memory_limit  # noqa: F401 (their home)
-from course_lib.launcher._server_cache import pauses_for_torchrun
 from course_lib.launcher._warm import WarmServer, preimports_of
 
 __all__ = ["run", "RankError", "RunReport", "warm_up", "server_paused"]

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
 __all__ = ["running", "report", "watch", "emit", "interactive", "fold", "View"]
 
@@ -40,9 +40,7 @@ def interactive() -> bool:
         return False
     kernel = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     kernel = getattr(kernel, "kernel", None)
-    if kernel is None:
-        return False
-    return setting == "1" or bool(getattr(kernel, "_allow_stdin", False))
+    return kernel is not None and (setting == "1" or bool(getattr(kernel, "_allow_stdin", False)))
 
 
 def report(done: int, total: int | None = None) -> None:
@@ -115,8 +113,7 @@ class View:
     def line(self, rank: int | None, text: str, stream: TextIO | None = None,
              echo: bool = True) -> bool:
         """One output line of ``rank``; False if it was a progress report (not output)."""
-        mark = _MARKER.match(text)
-        if mark:
+        if mark := _MARKER.match(text):
             total = int(mark.group(2)) if mark.group(2) else None
             self.update(note=f"step {mark.group(1)}{'/' + str(total) if total else ''}"
                              f" ({prefix(rank).strip()[1:-1]})")
@@ -159,7 +156,7 @@ class View:
                 return
             summary = status_line(self.what, elapsed, self.done, self.total, self.unit,
                                   self.note, state)
-            self._show(_box(summary + render_fold(folded)))
+            self._show(summary + render_fold(folded))
 
     def _draw(self) -> None:
         with self._lock:
@@ -175,44 +172,34 @@ class View:
                 tail = [prefix(r) + t for r, t in newest]
                 body += (f"<br>{count} more line{'s' * (count != 1)}, folded per rank when the "
                          f"run ends; newest:<pre>{html.escape(chr(10).join(tail))}</pre>")
-            self._show(_box(body))
+            self._show(body)
 
     def _show(self, markup: str) -> None:
+        # the class lets a test tell progress from what a widget shows
+        markup = f"<div class='course-progress' style='font-size:0.9em'>{markup}</div>"
         try:
             if self._target is None:
-                self._target = _Target(markup)
+                self._target = _target(markup)
             else:
-                self._target.show(markup)
+                self._target(markup)
         except Exception:  # noqa: BLE001 - a display problem must never break a run
             self.live = False
 
 
-def _box(markup: str) -> str:
-    """The view's HTML; the class lets a test tell progress from what a widget shows."""
-    return f"<div class='course-progress' style='font-size:0.9em'>{markup}</div>"
-
-
-class _Target:
-    """Where the view draws: a display handle in a cell, an ``ipywidgets.HTML`` in a widget
-    callback (an ``Output`` widget, which ``interact`` uses, ignores display updates)."""
-
-    def __init__(self, markup: str) -> None:
-        from IPython.display import HTML, display
-        kernel = sys.modules["IPython"].get_ipython().kernel
-        parent = kernel.get_parent() if hasattr(kernel, "get_parent") else {}
-        self._html = HTML
-        if parent.get("header", {}).get("msg_type", "execute_request") == "execute_request":
-            self._widget, self._handle = None, display(HTML(markup), display_id=True)
-        else:
-            import ipywidgets
-            self._widget, self._handle = ipywidgets.HTML(markup), None
-            display(self._widget)
-
-    def show(self, markup: str) -> None:
-        if self._widget is not None:
-            self._widget.value = markup
-        else:
-            self._handle.update(self._html(markup))
+def _target(markup: str) -> Callable[[str], None]:
+    """Show ``markup`` where the view draws; returns how to redraw it: a display handle in a cell,
+    an ``ipywidgets.HTML`` in a widget callback (an ``Output`` widget, which ``interact`` uses,
+    ignores display updates)."""
+    from IPython.display import HTML, display
+    kernel = sys.modules["IPython"].get_ipython().kernel
+    parent = kernel.get_parent() if hasattr(kernel, "get_parent") else {}
+    if parent.get("header", {}).get("msg_type", "execute_request") == "execute_request":
+        handle = display(HTML(markup), display_id=True)
+        return lambda new: handle.update(HTML(new))
+    import ipywidgets
+    widget = ipywidgets.HTML(markup)
+    display(widget)
+    return lambda new: setattr(widget, "value", new)
 
 
 @contextmanager

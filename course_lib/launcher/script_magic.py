@@ -86,8 +86,7 @@ def parse_losses(output: str) -> list[float]:
     found: dict[int, float] = {}
     rank_seen = None
     for line in output.splitlines():
-        match = _LOSS.match(line.strip())
-        if not match:
+        if not (match := _LOSS.match(line.strip())):
             continue
         rank = match.group(1)
         if rank_seen is None:

@@ -73,8 +73,7 @@ def _hub(opts: dict, timeout: float, what: str) -> list[dict]:
                 proc.kill()
                 proc.wait()
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    refused = next((line["refused"] for line in lines if "refused" in line), None)
-    if refused:
+    if refused := next((line["refused"] for line in lines if "refused" in line), None):
         raise LinkUnavailable(refused)
     if proc.returncode != 0 or sum("job" in line for line in lines) != len(opts["jobs"]):
         raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{err[-3000:]}")
@@ -115,8 +114,6 @@ def run_on_loopback(target: str, jobs: Sequence[tuple], *, preload: Sequence[str
 
 def _cores_of(rank: int, threads: int, cores: list[int]) -> list[int]:
     """Rank r's cores: r·threads … when there are enough, else the cores taken round-robin."""
-    if (rank + 1) * threads <= len(cores):
-        return cores[rank * threads:(rank + 1) * threads]
     return [cores[(rank * threads + i) % len(cores)] for i in range(threads)]
 
 
