@@ -48,15 +48,10 @@ def serve_from_here() -> None:
 
 @contextmanager
 def server_paused():
-    """End this process's warm server for the length of the block (where
-    :func:`pauses_for_torchrun`); start it again, in the background, after the block if one was
-    running.
-
-    :func:`course_lib.torchrun` runs inside it: torchrun's agent and workers are fresh
-    interpreters that import torch themselves, and while they run an idle server (torch loaded,
-    about a quarter GiB) only adds to the chapter's peak (issue 50). The next ``run`` then finds
-    the server started again, or waits for what is left of its start.
-    """
+    """End this process's warm server for the block (where :func:`pauses_for_torchrun`) and, if
+    one was running, start it again in the background after it. :func:`course_lib.torchrun` runs
+    inside it: its agent and workers import torch themselves, and an idle server beside them
+    (torch loaded, about a quarter GiB) only adds to the chapter's peak (issue 50)."""
     ended = pauses_for_torchrun() and _SERVERS.end()
     _trim_heap()
     try:

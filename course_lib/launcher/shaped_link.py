@@ -92,7 +92,8 @@ def run_pair(target: str, jobs: Sequence[tuple], *, threads: int = 1, pin: bool 
     _resolve(target)  # bad names fail here, and the module's own import errors too
     jobs = _jobs(jobs)
     if mode is None:
-        mode, reason = availability(latency=any(lat for _, lat, _ in jobs))  # a delay: netem
+        delay = any(latency for _, latency, _ in jobs)  # then netem must exist too
+        mode, reason = availability(latency=True) if delay else availability()
         if mode is None:
             raise LinkUnavailable(reason)
     cores = sorted(os.sched_getaffinity(0))[:usable_cores()]
