@@ -6,6 +6,7 @@ here: the ``show`` modules import it; this module only holds the numbers they ag
 from __future__ import annotations
 
 import html
+import inspect
 from typing import Mapping
 
 __all__ = ["FIGSIZE", "DPI", "PALETTE", "OKABE_ITO", "COLORS", "RANK_COLORS", "SUM_COLOR", "GREY",
@@ -52,8 +53,6 @@ def side_by_side(left: object, right: object, titles: tuple[str, str] = ("", "")
 
     IPython is imported on call: only notebooks call this, and scripts should not pay for it.
     """
-    import inspect
-
     from IPython.display import HTML
 
     cells = "".join(
@@ -69,8 +68,6 @@ def show_source(*objects: object, open: bool = False):
     A notebook shows what a tool does on demand without a screen of code in the way; ``open=True``
     for the one place where the code is the point (a whole script). IPython is imported on call.
     """
-    import inspect
-
     from IPython.display import HTML
 
     parts = []

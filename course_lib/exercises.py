@@ -50,12 +50,10 @@ class Feedback:
             return "TO DO", "#6e7781", self.message[len(_UNANSWERED):].lstrip(": ")
         return "NOT YET", "#cf222e", self.message
 
-    def _line(self) -> str:
+    def _folded(self) -> Folded:
         mark, _, message = self._parts()
-        return f"[{self.name}] {mark}: {message}"
-
-    def _folded(self):
-        return Folded(self._line(), self.details, "raw output of the rank that died")
+        return Folded(f"[{self.name}] {mark}: {message}", self.details,
+                      "raw output of the rank that died")
 
     def __repr__(self) -> str:
         return repr(self._folded())
@@ -69,9 +67,7 @@ class Feedback:
         badge = (f'<div class="course-feedback"><span style="background:{colour};color:#fff;'
                  f'font-weight:bold;padding:0 0.4em;border-radius:3px">{mark}</span> '
                  f'<code>{html.escape(self.name)}</code> {html.escape(message)}</div>')
-        if not self.details:
-            return badge
-        return badge + self._folded()._repr_html_().split("</pre>", 1)[1]
+        return badge + self._folded()._repr_html_().split("</pre>", 1)[1]  # the fold, if any
 
 
 _UNANSWERED = "not answered yet"

@@ -85,8 +85,7 @@ def load_corpus(path: Path | str = CORPUS_PATH) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _tokens(path: str, mtime_ns: int) -> torch.Tensor:
-    data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)
-    return data
+    return torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)
 
 
 def corpus_tokens(path: Path | str = CORPUS_PATH) -> torch.Tensor:

@@ -5,8 +5,10 @@ Every launcher sizes threads and world sizes from :func:`usable_cores`; the stor
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from pathlib import Path
 
 __all__ = ["usable_cores", "own_cgroups", "cgroup_cpu_quota"]
 
@@ -31,16 +33,13 @@ def usable_cores(cgroup_root: str = "/sys/fs/cgroup",
 def own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
     """This process's cgroup path per hierarchy: ``""`` for v2, ``"cpu"`` for v1's cpu one."""
     paths = {}
-    try:
-        with open(proc_cgroup) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "":
-                    paths[""] = path
-                elif "cpu" in controllers.split(","):
-                    paths["cpu"] = path
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(proc_cgroup) as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers == "":
+                paths[""] = path
+            elif "cpu" in controllers.split(","):
+                paths["cpu"] = path
     return paths
 
 
@@ -56,14 +55,12 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup",
         for depth in range(len(parts), -1, -1):  # own cgroup first, then each parent
             folder = os.path.join(mount, *parts[:depth])
             found.append(_read_v2(folder) if kind == "" else _read_v1(folder))
-    quotas = [q for q in found if q]
-    return min(quotas) if quotas else None
+    return min(filter(None, found), default=None)
 
 
 def _read_v2(folder: str) -> float | None:
     try:
-        with open(os.path.join(folder, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
+        quota, period = Path(folder, "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         return None
@@ -71,10 +68,8 @@ def _read_v2(folder: str) -> float | None:
 
 def _read_v1(folder: str) -> float | None:
     try:
-        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
-            quota = int(f.read())
-        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
-            period = int(f.read())
+        quota, period = (int(Path(folder, name).read_text())
+                         for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
         return None if quota <= 0 or period <= 0 else quota / period
     except (OSError, ValueError):
         return None

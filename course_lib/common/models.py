@@ -47,8 +47,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_model", "vocab_size", "seq_len"):
-            value = getattr(self, name)
-            positive_int(value, f"GPTConfig.{name}")
+            positive_int(getattr(self, name), f"GPTConfig.{name}")
         if self.d_model % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model} "
                              f"(each head gets d_model / n_head channels)")

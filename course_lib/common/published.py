@@ -25,14 +25,12 @@ _META = ("gpu", "date", "torch", "nccl")
 
 def published(chapter: str, path: Path | str = PUBLISHED_PATH) -> list[dict]:
     """The entries of ``path`` for ``chapter`` ("02", "04", ...), in file order."""
-    with open(path) as f:
-        data = json.load(f)
+    data = json.loads(Path(path).read_text())
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected an object with a list 'entries'")
     for e in entries:
-        missing = [k for k in _ENTRY if not isinstance(e, dict) or k not in e]
-        if missing:
+        if missing := [k for k in _ENTRY if not isinstance(e, dict) or k not in e]:
             raise ValueError(f"{path}: an entry lacks {missing}")
     return [e for e in entries if chapter in e["chapters"]]
 
@@ -42,8 +40,7 @@ def gpu_reference(experiment: str, path: Path | str = GPU_REFERENCE_PATH) -> dic
     path = Path(path)
     if not path.is_file():
         return None
-    with open(path) as f:
-        data = json.load(f)
+    data = json.loads(path.read_text())
     meta = data.get("meta") if isinstance(data, dict) else None
     if not isinstance(meta, dict) or any(k not in meta for k in _META):
         raise ValueError(f"{path}: 'meta' must name {list(_META)}")

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from course_lib.common.timeline import LANES, Span, lane_slots, merge
+from course_lib.common.timeline import Span, lane_order, lane_slots, merge
 from course_lib.display import DPI, FIGSIZE, FONT_MIN, GREY, PALETTE
 from course_lib.common.plots import legible
 
@@ -34,9 +34,7 @@ def _kind(name: str) -> str:
 
 def timeline_rows(spans: Iterable[Span]) -> list[tuple[int, str]]:
     """The (rank, lane) rows the figure draws, top to bottom."""
-    rows = sorted({(s.rank, s.lane) for s in spans},
-                  key=lambda r: (r[0], LANES.index(r[1]) if r[1] in LANES else 9))
-    return rows
+    return sorted({(s.rank, s.lane) for s in spans}, key=lambda r: (r[0], lane_order(r[1])))
 
 
 @legible

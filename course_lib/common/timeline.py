@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -26,6 +27,11 @@ __all__ = ["Span", "Timeline", "spans_from", "merge", "lane_slots", "chrome_trac
 
 LANES = ("compute", "comm")
 _FRIENDLY = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
+
+
+def lane_order(lane: str) -> int:
+    """Where ``lane`` sorts among a rank's rows: compute, comm, then any other."""
+    return LANES.index(lane) if lane in LANES else len(LANES)
 
 
 class Span(NamedTuple):
@@ -86,22 +92,17 @@ class Timeline(TorchDispatchMode):
         handles: list = []
         open_: dict = {}
 
-        def begin(kind, name):
-            def hook(*_):
-                open_[(kind, name)] = time.perf_counter()
-            return hook
+        def begin(kind, name, *_):
+            open_[(kind, name)] = time.perf_counter()
 
-        def end(kind, name):
-            def hook(*_):
-                t0 = open_.pop((kind, name), None)
-                if t0 is not None:
-                    self._records.append(["compute", f"{kind} {name}", t0, time.perf_counter()])
-            return hook
+        def end(kind, name, *_):
+            if (t0 := open_.pop((kind, name), None)) is not None:
+                self._records.append(["compute", f"{kind} {name}", t0, time.perf_counter()])
         for name, module in modules:
-            handles += [module.register_forward_pre_hook(begin("forward", name)),
-                        module.register_forward_hook(end("forward", name)),
-                        module.register_full_backward_pre_hook(begin("backward", name)),
-                        module.register_full_backward_hook(end("backward", name))]
+            handles += [module.register_forward_pre_hook(partial(begin, "forward", name)),
+                        module.register_forward_hook(partial(end, "forward", name)),
+                        module.register_full_backward_pre_hook(partial(begin, "backward", name)),
+                        module.register_full_backward_hook(partial(end, "backward", name))]
         return handles
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -146,12 +147,9 @@ def merge(*groups: Iterable[Span], origin: float | None = None) -> list[Span]:
     """All ranks' spans in one list, times shifted so that ``origin`` (default: the earliest
     start) is 0, sorted by rank, lane and start."""
     spans = [Span(*s) for group in groups for s in group]
-    if not spans:
-        return []
-    zero = min(s.t0 for s in spans) if origin is None else origin
+    zero = min((s.t0 for s in spans), default=0.0) if origin is None else origin
     shifted = [s._replace(t0=s.t0 - zero, t1=s.t1 - zero) for s in spans]
-    return sorted(shifted, key=lambda s: (s.rank, LANES.index(s.lane) if s.lane in LANES else 9,
-                                          s.t0))
+    return sorted(shifted, key=lambda s: (s.rank, lane_order(s.lane), s.t0))
 
 
 def lane_slots(spans: Iterable[Span]) -> list[int]:
@@ -179,8 +177,7 @@ def chrome_trace(spans: Iterable[Span]) -> dict:
     slots = lane_slots(spans)
     events, named = [], set()
     for s, slot in zip(spans, slots):
-        lane_index = LANES.index(s.lane) if s.lane in LANES else len(LANES)
-        tid = 10 * lane_index + slot
+        tid = 10 * lane_order(s.lane) + slot
         if s.rank not in {p for p, _ in named}:
             events.append({"name": "process_name", "ph": "M", "pid": s.rank, "tid": 0,
                            "args": {"name": f"rank {s.rank}"}})

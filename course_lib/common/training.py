@@ -36,11 +36,8 @@ def make_optimizer(params, name: str = "adam", *, lr: float = 1e-3,
     optimizer peak there.
     """
     validate_optimizer(name)
-    if name in ("adam", "adamw"):
-        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        return cls(params, lr=lr, foreach=foreach)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "sgd-momentum" else 0.0,
-                           foreach=foreach)
+    cls, extra = OPTIMIZER_CLASSES[name]
+    return cls(params, lr=lr, foreach=foreach, **extra)
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

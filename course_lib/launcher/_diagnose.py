@@ -12,11 +12,13 @@
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
 import signal
 import time
+from pathlib import Path
 
 from course_lib.common.deprecation import renamed
 
@@ -65,21 +67,16 @@ def arm_stack_dump(run_dir: str, rank: int):
 def collect_stacks(pids: dict[int, int], run_dir: str, wait: float = STACK_WAIT_S) -> dict:
     """``{rank: stack text}`` of the ranks ``pids`` (rank -> pid), signalled and read back."""
     for pid in pids.values():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
     raw, sizes, end = {}, {}, time.monotonic() + wait
     while len(raw) < len(pids) and time.monotonic() < end:
         time.sleep(0.02)
-        for rank in pids:
-            try:
-                size = os.path.getsize(stack_file(run_dir, rank))
-            except OSError:
-                continue
-            if rank not in raw and size and sizes.get(rank) == size:  # written and settled
-                with open(stack_file(run_dir, rank), errors="replace") as f:
-                    raw[rank] = f.read()
+        for rank in set(pids) - set(raw):
+            path = Path(stack_file(run_dir, rank))
+            size = path.stat().st_size if path.exists() else 0
+            if size and sizes.get(rank) == size:  # written and settled
+                raw[rank] = path.read_text(errors="replace")
             sizes[rank] = size
     return {rank: format_stack(raw[rank]) if rank in raw else
             f"(no stack within {wait:g} s: the rank did not answer SIGUSR1)" for rank in pids}
@@ -93,8 +90,7 @@ def format_stack(raw: str) -> str:
     """faulthandler's dump, the user's threads only, launcher frames cut, source lines added."""
     threads, out = raw.split("\n\n"), []
     for block in threads:
-        frames = [_FRAME.match(line) for line in block.splitlines()]
-        frames = [m for m in frames if m]
+        frames = [m for m in map(_FRAME.match, block.splitlines()) if m]
         if not frames or any(m.group(3) == "_watch_lifeline" for m in frames):
             continue  # the launcher's lifeline thread
         lines = [block.strip().splitlines()[0]]  # "Thread 0x... (most recent call first):"
@@ -105,8 +101,7 @@ def format_stack(raw: str) -> str:
             shown = path.split("site-packages/", 1)[-1]  # torch/..., the same on any machine
             shown = "<notebook cell>" if _CELL.search(shown) else shown
             lines.append(f'  File "{shown}", line {number}, in {func}')
-            source = linecache.getline(path, number).strip()
-            if source:
+            if source := linecache.getline(path, number).strip():
                 lines.append(f"    {source}")
         out.append(lines)
     if len(out) == 1:  # the main thread alone: its header says nothing
@@ -130,20 +125,18 @@ def culprit(state, ranks: list, sel, wait: float = PEER_WAIT_S):
     """The rank to blame: ``state``, unless its error says a peer went away and, within
     ``wait`` seconds, a peer is seen dead without answering (result pipe closed, no result) or
     failing for a reason of its own."""
-    from course_lib.launcher._rank_pipes import open_pipes, pump
+    from course_lib.launcher._rank_pipes import open_pipes, pump_until
     outcome = state.outcome
     if not (outcome and outcome[0] == "error" and _PEER_GONE.search(outcome[2])):
         return state
-    end = time.monotonic() + wait
-    while True:
-        dead = [r for r in ranks if r is not state and (
+
+    def dead() -> list:
+        return [r for r in ranks if r is not state and (
             r.dump  # it has begun writing an abort dump: it is dying
             or (r.outcome is None and "result" not in open_pipes(sel, r))  # died without a word
             or (r.outcome and r.outcome[0] == "error" and not _PEER_GONE.search(r.outcome[2])))]
-        if dead or time.monotonic() >= end:
-            return dead[0] if dead else state
-        for key, _ in sel.select(timeout=0.05):
-            pump(key.data[0], key.data[1], key.fd, sel)
+    pump_until(sel, dead, time.monotonic() + wait)
+    return (dead() or [state])[0]
 
 
 _GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
@@ -172,23 +165,19 @@ def _fingerprint(text: str) -> str:
 
 def summary(rank: int, message: str, stderr: str) -> str | None:
     """One line naming the ranks and the mismatch, if ``message``/``stderr`` show one."""
-    found = _DETAIL.search(message) or _DETAIL.search(stderr)
-    if found:
+    if found := _DETAIL.search(message) or _DETAIL.search(stderr):
         a, fa, b, fb = found.groups()
         if int(a) > int(b):  # in rank order, whichever rank reported it
             a, fa, b, fb = b, fb, a, fa
         return (f"collective mismatch (found by debug='detail'): rank {a} runs "
                 f"{_fingerprint(fa)} while rank {b} runs {_fingerprint(fb)}")
-    found = _CPU_OOM.search(message) or _CPU_OOM.search(stderr)
-    if found:
+    if found := _CPU_OOM.search(message) or _CPU_OOM.search(stderr):
         return (f"rank {rank} ran out of memory: the CPU allocator could not get "
                 f"{int(found.group(1)) / 2**20:.2f} MiB more (what it held: chapter 01's tracker, "
                 "chapter 10's BudgetTracker)")
-    found = _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr)
-    if found:
+    if found := _CUDA_OOM.search(message) or _CUDA_OOM.search(stderr):
         return f"rank {rank} ran out of GPU memory: it tried to allocate {found.group(1)} more"
-    found = _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message)
-    if found:
+    if found := _GLOO_SIZE.search(stderr) or _GLOO_SIZE.search(message):
         got, expected = found.groups()
         return (f"rank {rank} died in a collective: it received {got} bytes where {expected} "
                 "were expected: the ranks disagree on a collective's sizes (shapes, dtypes or "

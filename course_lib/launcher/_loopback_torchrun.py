@@ -28,10 +28,7 @@ class LoopbackTCPStore(dist.TCPStore):
     def __init__(self, host_name, port, *args, **kwargs):
         is_master = kwargs.get("is_master", args[1] if len(args) > 1 else False)
         if is_master and host_name in _LOCAL and kwargs.get("master_listen_fd") is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(512)
+            sock = socket.create_server(("127.0.0.1", port), backlog=512)  # SO_REUSEADDR set
             port = sock.getsockname()[1]
             kwargs["master_listen_fd"] = sock.detach()  # the store serves on it from now on
         super().__init__(host_name, port, *args, **kwargs)

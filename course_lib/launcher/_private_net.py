@@ -11,6 +11,7 @@ in its child, between fork and exec. docs/architecture.md, "Trust boundary", has
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -18,6 +19,7 @@ import socket
 import struct
 import sys
 import tempfile
+from pathlib import Path
 
 CLONE_NEWNET, CLONE_NEWUSER, CLONE_NEWNS = 0x40000000, 0x10000000, 0x00020000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -41,11 +43,6 @@ def _check(result: int, what: str, error: type[OSError] = OSError) -> None:
         raise error(errno, f"{what}: {os.strerror(errno)}")
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def _loopback_up() -> None:
     """Bring up ``lo`` (a new namespace's loopback starts down; 127.0.0.1 comes with it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -58,17 +55,13 @@ def _private_hosts(libc: ctypes.CDLL) -> None:
     """Bind a copy of ``/etc/hosts`` naming the loopback's IPv6 forms over it, in this mount
     namespace only (made private first: nothing propagates back to the machine's)."""
     _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
-    with open("/etc/hosts") as f:
-        hosts = f.read()
-    folder = tempfile.mkdtemp(prefix="course_lib_hosts_")  # 0700: ours alone
-    path = os.path.join(folder, "hosts")
-    try:
-        _write(path, hosts + _HOSTS)
-        _check(libc.mount(path.encode(), b"/etc/hosts", None, _MS_BIND, None),
+    hosts = Path("/etc/hosts").read_text()
+    # 0700, ours alone; removed after the mount, which keeps the file's content
+    with tempfile.TemporaryDirectory(prefix="course_lib_hosts_") as folder:
+        path = Path(folder, "hosts")
+        path.write_text(hosts + _HOSTS)
+        _check(libc.mount(str(path).encode(), b"/etc/hosts", None, _MS_BIND, None),
                "bind-mount /etc/hosts")
-    finally:  # the mount keeps the file's content; its name goes
-        os.unlink(path)
-        os.rmdir(folder)
 
 
 def enter(as_root: bool = False) -> str:
@@ -87,16 +80,14 @@ def enter(as_root: bool = False) -> str:
         uid, gid = os.geteuid(), os.getegid()
         _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS),
                "unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS)", Refused)
-        _write("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
+        Path("/proc/self/setgroups").write_text("deny")  # required before an unprivileged gid_map
         inside = (0, 0) if as_root else (uid, gid)
-        _write("/proc/self/uid_map", f"{inside[0]} {uid} 1")
-        _write("/proc/self/gid_map", f"{inside[1]} {gid} 1")
+        Path("/proc/self/uid_map").write_text(f"{inside[0]} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{inside[1]} {gid} 1")
         mode = "user namespace"
     _loopback_up()
-    try:
+    with contextlib.suppress(OSError):  # only cosmetic: c10d then warns once per process
         _private_hosts(libc)
-    except OSError:
-        pass  # only cosmetic: c10d then warns once per process
     return mode
 
 

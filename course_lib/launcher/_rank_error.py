@@ -67,8 +67,7 @@ def _handler(shell, etype, value, tb, tb_offset=None) -> list[str]:
 
 def show_in_notebook() -> None:
     """In an IPython kernel: show an uncaught ``RankError`` through its view (once per kernel)."""
-    get = getattr(sys.modules.get("IPython"), "get_ipython", None)
-    shell = get() if get else None
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     if shell is None or getattr(shell, "kernel", None) is None:
         return
     if not shell.custom_exceptions or shell.custom_exceptions == (RankError,):

@@ -9,6 +9,7 @@ for the error to show folded, not streamed line by line into the cell.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -19,7 +20,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Callable
 
 from course_lib.launcher import progress
 
@@ -47,16 +48,9 @@ class Rank:
         """SIGKILL the rank and its process group (what it started), unless it was reaped."""
         if self.exitcode is None:
             for kill in (os.killpg, os.kill):  # the group; the rank alone if it has none
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     kill(self.pid, signal.SIGKILL)
                     return
-                except ProcessLookupError:
-                    pass
-
-
-def emit(line: bytes, rank: int, stream: TextIO) -> None:
-    # "[rank r] ..." as it arrives; in a watched notebook long logs fold (course_lib.progress)
-    progress.emit(line.decode("utf-8", "replace"), rank, stream)
 
 
 def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
@@ -94,8 +88,8 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
             text = line.decode("utf-8", "replace")
             if name == "err" and (state.dump or _CRASH.match(text)):
                 state.dump.append(text)  # shown folded under the error's one-line summary
-            else:
-                emit(line, state.rank, stream)
+            else:  # "[rank r] ..." as it arrives; in a watched notebook long logs fold
+                progress.emit(text, state.rank, stream)
             if name == "err":
                 state.err_tail.append(text)
     if not data:
@@ -105,8 +99,6 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
 
 def _unpickle(raw: bytearray) -> tuple:
     """``(outcome, stamps)`` from a rank's complete result, or ``(None, [])`` if it is cut short."""
-    if not raw:
-        return None, []
     try:
         return pickle.loads(raw)
     except Exception:  # noqa: BLE001 - truncated: the rank died while writing it
@@ -117,23 +109,20 @@ def open_pipes(sel: selectors.BaseSelector, state: Rank) -> set:
     return {name for name, fd in state.fds.items() if fd in sel.get_map()}
 
 
+def pump_until(sel: selectors.BaseSelector, done: Callable[[], bool], deadline: float) -> None:
+    """Read every rank's pipes until ``done()`` or the ``time.monotonic()`` deadline."""
+    while not done() and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.05):
+            pump(key.data[0], key.data[1], key.fd, sel)
+
+
 def wait_exit(state: Rank, sel: selectors.BaseSelector, limit: float = 2.0) -> None:
     """Give a rank that reported a failure a moment to exit, so its last output is shown."""
-    end = time.monotonic() + limit
-    while open_pipes(sel, state) and time.monotonic() < end:
-        for key, _ in sel.select(timeout=0.05):
-            other, name = key.data
-            pump(other, name, key.fd, sel)
+    pump_until(sel, lambda: not open_pipes(sel, state), time.monotonic() + limit)
 
 
-def drain(ranks: list[Rank], sel: selectors.BaseSelector, deadline: float,
-           wait_exit: bool = True) -> None:
+def drain(sel: selectors.BaseSelector, deadline: float, wait_exit: bool = True) -> None:
     """After the kill: print what ranks wrote last and (``wait_exit``) wait until the server
     reaped each one and sent its exit status."""
-    def pending() -> bool:
-        return any(wait_exit or key.data[1] != "exit" for key in sel.get_map().values())
-
-    while pending() and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.1):
-            state, name = key.data
-            pump(state, name, key.fd, sel)
+    pump_until(sel, lambda: not any(wait_exit or key.data[1] != "exit"
+                                    for key in sel.get_map().values()), deadline)

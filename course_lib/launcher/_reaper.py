@@ -12,6 +12,7 @@ CMD's pid, ``shared <reason>`` or ``refused <reason>``). :func:`start` is the pa
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -19,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Sequence
 
 import psutil
@@ -47,14 +47,8 @@ def start(cmd: list[str], net: str | None = None, prefix: Sequence[str] = (),
                                 pass_fds=(write,), **popen)
     finally:
         os.close(write)
-    status, deadline = b"", time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:  # a python start-up: well under a second when idle
-            if select.select([read], [], [], 1)[0]:
-                chunk = os.read(read, 4096)
-                if not chunk:
-                    break
-                status += chunk
+    try:  # a python start-up: well under a second when idle; the status is one short write
+        status = os.read(read, 4096) if select.select([read], [], [], 60)[0] else b""
     finally:
         os.close(read)
     if not status:  # it died or hung before it could start CMD: stop it, say why
@@ -69,14 +63,11 @@ def start(cmd: list[str], net: str | None = None, prefix: Sequence[str] = (),
 def _kill_tree() -> None:
     me = psutil.Process()
     for _ in range(3):  # re-scan: a dying parent may re-parent children to us meanwhile
-        children = me.children(recursive=True)
-        if not children:
+        if not (children := me.children(recursive=True)):
             return
         for child in children:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(children, timeout=5)
 
 

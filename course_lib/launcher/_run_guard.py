@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -28,9 +27,6 @@ PREFIX = "course_lib_run_"
 @contextmanager
 def holding_interrupts() -> Iterator[None]:
     """Hold back one SIGINT until the block ends (main thread only: others never get one)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     pending: list[int] = []
 
     def record(signum, frame):
@@ -40,7 +36,7 @@ def holding_interrupts() -> Iterator[None]:
 
     try:
         previous = signal.signal(signal.SIGINT, record)
-    except ValueError:  # not the main interpreter
+    except ValueError:  # not the main thread of the main interpreter
         yield
         return
     try:

@@ -13,6 +13,7 @@ Why ``os._exit`` and the parent barrier: docs/decisions.md.
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import linecache
@@ -40,10 +41,8 @@ def _watch_lifeline(fd: int, answered: threading.Event) -> None:
     lifeline closes when it stops the run or dies (SIGKILL, so that nothing of an unfinished
     rank survives).
     """
-    try:
+    with contextlib.suppress(OSError):
         os.read(fd, 1)
-    except OSError:
-        pass
     if answered.is_set():
         os._exit(0)
     if os.getpgid(0) == os.getpid():  # this rank leads its group: it and whatever it started
@@ -62,10 +61,8 @@ def _redirect(pipe_fd: int, fd: int) -> io.TextIOWrapper:
 def _flush_and_close_output() -> None:
     """Flush stdout/stderr, then point fds 1 and 2 at /dev/null: the parent sees end-of-file."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # a broken pipe: nothing useful to do about it here
             stream.flush()
-        except Exception:  # noqa: BLE001 - nothing useful to do about a broken pipe here
-            pass
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(devnull, fd)
@@ -96,14 +93,10 @@ def main(job: tuple, fds: list[int]) -> None:
     try:
         sys.path[:] = context["sys_path"]
         os.chdir(context["cwd"])
-        for key in set(os.environ) - set(context["environ"]):  # the server's own, e.g. tunables
-            del os.environ[key]
-        for key, value in context["environ"].items():  # only what changed since it started
-            if os.environ.get(key) != value:
-                os.environ[key] = value
         world = placement.nprocs
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+        os.environ.clear()  # the server's own variables (e.g. tunables) go, the notebook's come
+        os.environ.update(context["environ"], RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
                           GLOO_SOCKET_IFNAME=loopback_interface())
         torch.set_num_threads(placement.threads)
         device = placement.device_of(rank)
@@ -136,11 +129,8 @@ def main(job: tuple, fds: list[int]) -> None:
         _flush_and_close_output()
         if status == 0:
             answered.set()
-        try:
-            with os.fdopen(result_fd, "wb") as result:
-                result.write(pickle.dumps((message, stamps)))
-        except Exception:  # noqa: BLE001 - parent gone: nothing left to tell
-            pass
+        with contextlib.suppress(Exception), os.fdopen(result_fd, "wb") as result:
+            result.write(pickle.dumps((message, stamps)))  # (parent gone: nothing left to tell)
         if status == 0:
             watcher.join()  # until every rank answered: the watcher then ends this process
         os._exit(status)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
@@ -74,14 +73,9 @@ def validate_timeout(timeout: object) -> float:
 
 
 def loopback_interface() -> str:
-    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
-    try:
-        for _, name in socket.if_nameindex():
-            if name.startswith("lo"):
-                return name
-    except OSError:
-        pass
-    return "lo0" if sys.platform == "darwin" else "lo"
+    """Name of the loopback network interface: "lo" on Linux (the kernel names it), "lo0" on
+    macOS and the BSDs."""
+    return "lo" if sys.platform.startswith("linux") else "lo0"
 
 
 @dataclass(frozen=True)

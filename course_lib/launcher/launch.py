@@ -11,6 +11,7 @@ introduces it; for scripts and multi-node command lines see :func:`course_lib.to
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import linecache
 import os
@@ -26,11 +27,10 @@ import cloudpickle
 
 from course_lib.launcher import _diagnose, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
-from course_lib.launcher._rank_pipes import PIPES, Rank, drain, emit, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
-from course_lib.launcher._server_cache import ServerCache as _ServerCache
+from course_lib.launcher._server_cache import ServerCache as _ServerCache, pauses_for_torchrun
 from course_lib.launcher._server_cache import idle_seconds, memory_limit  # noqa: F401 (their home)
-from course_lib.launcher._server_cache import pauses_for_torchrun
 from course_lib.launcher._warm import WarmServer, preimports_of
 
 __all__ = ["run", "RankError", "RunReport", "warm_up", "server_paused"]
@@ -48,25 +48,18 @@ def serve_from_here() -> None:
 
 @contextmanager
 def server_paused():
-    """End this process's warm server for the length of the block (where
-    :func:`pauses_for_torchrun`); start it again, in the background, after the block if one was
-    running.
-
-    :func:`course_lib.torchrun` runs inside it: torchrun's agent and workers are fresh
-    interpreters that import torch themselves, and while they run an idle server (torch loaded,
-    about a quarter GiB) only adds to the chapter's peak (issue 50). The next ``run`` then finds
-    the server started again, or waits for what is left of its start.
-    """
+    """End this process's warm server for the block (where :func:`pauses_for_torchrun`) and, if
+    one was running, start it again in the background after it. :func:`course_lib.torchrun` runs
+    inside it: its agent and workers import torch themselves, and an idle server beside them
+    (torch loaded, about a quarter GiB) only adds to the chapter's peak (issue 50)."""
     ended = pauses_for_torchrun() and _SERVERS.end()
     _trim_heap()
     try:
         yield
     finally:
         if ended:
-            try:
+            with contextlib.suppress(OSError):  # none could start now: the next run tries again
                 _SERVERS.get(wait=False)
-            except OSError:  # no process could be started now: the next run tries again
-                pass
 
 
 def _trim_heap() -> None:
@@ -74,10 +67,8 @@ def _trim_heap() -> None:
     kernel's freed heap back to the system (glibc keeps it for reuse; after chapter 09's
     in-kernel reference step, ~0.07 GiB, in ~20 ms). Elsewhere nothing: no run pays for it."""
     if pauses_for_torchrun():
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not glibc (macOS)
             ctypes.CDLL(None).malloc_trim(0)
-        except (AttributeError, OSError):  # not glibc (macOS)
-            pass
 
 
 def warm_up(wait: bool = True) -> None:
@@ -150,8 +141,15 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     except Exception as exc:
         raise TypeError(f"cannot ship {getattr(fn, '__name__', fn)!r} and its arguments to the "
                         f"ranks: {exc}") from exc
+    phases = [("called", start), ("checked and pickled", time.monotonic())]
+    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
+               "debug": level}
     try:
-        return _launch(fn, placement, payload, timeout, report, start, level)
+        _trim_heap()
+        with _SERVERS.using() as server:
+            phases.append(("server ready", time.monotonic()))
+            return _launch(server, fn, placement, payload, timeout, report, start, phases,
+                           context)
     except RankError:
         show_in_notebook()  # in a kernel: the raw dump of a dying rank folded under one line
         raise
@@ -161,24 +159,10 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
             from None
 
 
-def _launch(fn: Callable[..., Any], placement: devices.Placement, payload: bytes,
-            timeout: float, report: RunReport | None, start: float, debug: str | None) -> list:
-    """Start the ranks, supervise them, and end every one of them on the way out."""
-    nprocs = placement.nprocs
-    phases = [("called", start), ("checked and pickled", time.monotonic())]
-    context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
-               "debug": debug}
-    _trim_heap()
-    with _SERVERS.using() as server:
-        phases.append(("server ready", time.monotonic()))
-        return _launch_on(server, fn, placement, payload, timeout, report, start, debug, phases,
-                          context)
-
-
-def _launch_on(server: WarmServer, fn: Callable[..., Any], placement: devices.Placement,
-               payload: bytes, timeout: float, report: RunReport | None, start: float,
-               debug: str | None, phases: list, context: dict) -> list:
-    """:func:`_launch` once the server is ready and held busy."""
+def _launch(server: WarmServer, fn: Callable[..., Any], placement: devices.Placement,
+            payload: bytes, timeout: float, report: RunReport | None, start: float, phases: list,
+            context: dict) -> list:
+    """Start the ranks on the ready server, supervise them, end every one on the way out."""
     nprocs = placement.nprocs
     workdir = make_run_dir()
     lifeline_r, lifeline_w = os.pipe()
@@ -223,10 +207,10 @@ def _launch_on(server: WarmServer, fn: Callable[..., Any], placement: devices.Pl
             for state in ranks:
                 if state.outcome is None:
                     state.kill()
-            drain(ranks, sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
+            drain(sel, deadline=time.monotonic() + 5, wait_exit=not release_late)
             for state in ranks:  # a dump held back for an error that reported another rank
                 for line in [] if state.dump_shown else state.dump:
-                    emit(line.encode(), state.rank, sys.stderr)
+                    progress.emit(line, state.rank, sys.stderr)
         finally:  # even when a second Stop arrives while draining
             try:
                 if not succeeded:
@@ -254,9 +238,8 @@ def _release(lifeline_w: int, nprocs: int) -> None:
     """Write one byte per rank on the lifeline (each ends cleanly), then close it (any rank still
     working kills itself — the same as when the parent dies)."""
     try:
-        os.write(lifeline_w, b"x" * nprocs)
-    except OSError:  # BrokenPipeError: every rank has gone already
-        pass
+        with contextlib.suppress(OSError):  # BrokenPipeError: every rank has gone already
+            os.write(lifeline_w, b"x" * nprocs)
     finally:
         os.close(lifeline_w)
 

@@ -23,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import Iterator
+
+import psutil
 
 from course_lib.launcher._private_net import Refused as PrivateNetRefused, enter as enter_private
 
 __all__ = ["ADDRS", "LinkUnavailable", "availability", "die_with_parent", "tx_bytes", "shape",
-           "Nodes", "wire", "named_pair", "prefix", "MTU", "enter_private", "PrivateNetRefused"]
+           "Nodes", "wire", "named_pair", "MTU", "enter_private", "PrivateNetRefused"]
 
 _PR_SET_PDEATHSIG = 1
 ADDRS = ("10.99.0.1", "10.99.0.2")
@@ -52,14 +53,12 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def tx_bytes(iface: str, pid: str = "self") -> int:
-    """Bytes sent by ``iface`` of the network namespace of process ``pid`` (``/proc/*/net/dev``)."""
-    with open(f"/proc/{pid}/net/dev") as f:
-        for line in f:
-            name, sep, rest = line.partition(":")
-            if sep and name.strip() == iface:
-                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
-    raise LookupError(f"no interface {iface!r} in /proc/{pid}/net/dev")
+def tx_bytes(iface: str) -> int:
+    """Bytes sent by ``iface`` of this process's network namespace (``/proc/net/dev``)."""
+    counters = psutil.net_io_counters(pernic=True, nowrap=False)
+    if iface not in counters:
+        raise LookupError(f"no interface {iface!r} in /proc/net/dev")
+    return counters[iface].bytes_sent
 
 
 def _probe(prefix_: list[str], *argv: str) -> str | None:
@@ -69,12 +68,6 @@ def _probe(prefix_: list[str], *argv: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
-
-
-def prefix(mode: str) -> list[str]:
-    """The ``unshare`` command line that makes a network namespace in ``mode``."""
-    user = ["--user", "--map-root-user"] if mode == "user namespace" else []
-    return ["unshare", *user, "--net"]
 
 
 def availability(latency: bool = False) -> tuple[str | None, str]:
@@ -89,90 +82,75 @@ def availability(latency: bool = False) -> tuple[str | None, str]:
     if missing:
         return None, f"{', '.join(missing)} not found (apt-get install iproute2 util-linux)"
     mode = "root" if os.geteuid() == 0 else "user namespace"
-    error = _probe(prefix(mode), "ip", "link", "add", "name", "clprobe0", "type", "veth", "peer",
+    unshare = ["unshare", *(["--user", "--map-root-user"] if mode != "root" else []), "--net"]
+    error = _probe(unshare, "ip", "link", "add", "name", "clprobe0", "type", "veth", "peer",
                    "name", "clprobe1")
     if error:
         why = ("'unshare --net' was refused" if mode == "root" else
                "unprivileged user namespaces are off here (unshare --user --map-root-user --net)")
         return None, f"{why}: {error}"
-    if latency and _probe(prefix(mode), "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+    if latency and _probe(unshare, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
                           "delay", "1ms"):
         return None, ("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), needed for a delay; "
                       "use latency_ms=0")
     return mode, "ok"
 
 
-def _sh(*argv: str) -> None:
+def _sh(*argv: str, check: bool = True) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
-def _in(pid: int, *argv: str) -> None:
-    _sh("nsenter", f"--net=/proc/{pid}/ns/net", *argv)
+def _in(ns: int | str, *argv: str, check: bool = True) -> None:
+    """Run ``argv`` in the network namespace of process ``ns`` (a pid) or named ``ns``."""
+    where = f"/proc/{ns}/ns/net" if isinstance(ns, int) else f"/run/netns/{ns}"
+    _sh("nsenter", f"--net={where}", *argv, check=check)
 
 
-def shape(pid: int, iface: str, rate_mbit: float, latency_ms: float = 0.0) -> None:
-    """Replace the root qdisc of ``iface``: tbf for a rate, netem for a delay (and its rate)."""
-    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "del", "dev", iface,
-                    "root"], capture_output=True)
+def shape(ns: int | str, iface: str, rate_mbit: float, latency_ms: float = 0.0) -> None:
+    """Replace the root qdisc of ``iface`` in namespace ``ns`` (a pid or a name): tbf for a rate,
+    netem for a delay (and its rate)."""
+    _in(ns, "tc", "qdisc", "del", "dev", iface, "root", check=False)  # none there yet: fine
     if latency_ms > 0:
         rate = ["rate", f"{rate_mbit}mbit"] if rate_mbit else []
-        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "netem", "delay",
+        _in(ns, "tc", "qdisc", "add", "dev", iface, "root", "netem", "delay",
             f"{latency_ms}ms", *rate, "limit", "100000")
     elif rate_mbit:
         burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))  # >= 1 ms of traffic
-        _in(pid, "tc", "qdisc", "add", "dev", iface, "root", "tbf", "rate", f"{rate_mbit}mbit",
+        _in(ns, "tc", "qdisc", "add", "dev", iface, "root", "tbf", "rate", f"{rate_mbit}mbit",
             "burst", str(burst), "latency", "1s")
 
 
-def wire(pids: list[int], tag: int) -> list[str]:
-    """Join the namespaces of the two node processes ``pids`` by a veth pair; its two ends."""
+def wire(namespaces: list[int | str], tag: int) -> list[str]:
+    """Join two namespaces (node processes' pids, or names) by a veth pair; its two ends."""
     ifaces = [f"clv{i}p{tag}"[:15] for i in range(2)]
     _sh("ip", "link", "add", "name", ifaces[0], "type", "veth", "peer", "name", ifaces[1])
-    for pid, iface, addr in zip(pids, ifaces, ADDRS):
-        _sh("ip", "link", "set", iface, "netns", str(pid))
-        _in(pid, "ip", "addr", "add", f"{addr}/24", "dev", iface)
-        _in(pid, "ip", "link", "set", iface, "mtu", str(MTU), "up")
-        _in(pid, "ip", "link", "set", "lo", "up")
+    for ns, iface, addr in zip(namespaces, ifaces, ADDRS):
+        _sh("ip", "link", "set", iface, "netns", str(ns))
+        _in(ns, "ip", "addr", "add", f"{addr}/24", "dev", iface)
+        _in(ns, "ip", "link", "set", iface, "mtu", str(MTU), "up")
+        _in(ns, "ip", "link", "set", "lo", "up")
     return ifaces
-
-
-def _holder() -> subprocess.Popen:
-    """A process that only holds a network namespace of its own (it dies with this one)."""
-    proc = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], preexec_fn=die_with_parent)
-    ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(OSError):  # unshare execs sleep: the same pid, once inside
-            if os.readlink(f"/proc/{proc.pid}/ns/net") != ours:
-                return proc
-        time.sleep(0.01)
-    proc.kill()
-    raise RuntimeError(f"unshare --net did not make a namespace (exit {proc.wait()})")
 
 
 @contextlib.contextmanager
 def named_pair(tag: str, rate_mbit: float = 0.0) -> Iterator[list[tuple[str, str, str]]]:
-    """As root: two namespaces joined by :func:`wire`, both ends :func:`shape`-d to ``rate_mbit``
-    (0: unthrottled), named ``cl{tag}n0/1`` for ``ip netns exec``; yields ``[(name, interface,
-    address)] * 2``. Names, namespaces and the veth pair are gone on exit."""
-    holders, names = [], []
+    """As root: two namespaces named ``cl{tag}n0/1`` (``ip netns add``, for ``ip netns exec``)
+    joined by :func:`wire`, both ends :func:`shape`-d to ``rate_mbit`` (0: unthrottled); yields
+    ``[(name, interface, address)] * 2``. Names, namespaces and the veth pair are gone on exit."""
+    names: list[str] = []
     try:
-        for _ in range(2):
-            holders.append(_holder())
-        pids = [h.pid for h in holders]
-        ifaces = wire(pids, os.getpid())
-        for i, pid in enumerate(pids):
-            shape(pid, ifaces[i], rate_mbit)
+        for i in range(2):
+            _sh("ip", "netns", "add", f"cl{tag}n{i}")
             names.append(f"cl{tag}n{i}")
-            _sh("ip", "netns", "attach", names[-1], str(pid))
+        ifaces = wire(names, os.getpid())
+        for name, iface in zip(names, ifaces):
+            shape(name, iface, rate_mbit)
         yield list(zip(names, ifaces, ADDRS))
-    finally:
+    finally:  # a namespace gone, its veth end goes too
         for name in names:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        for holder in holders:  # the last holder gone, its namespace and veth end go too
-            holder.kill()
-            holder.wait()
+            _sh("ip", "netns", "del", name, check=False)
 
 
 class Nodes:
@@ -214,11 +192,6 @@ class Nodes:
                 raise RuntimeError(f"node {rank} exited with code {code}:\n{tail}")
             got[rank] = json.loads(line)
         return [got[0], got[1]]
-
-    def ask(self, job: dict) -> list[dict]:
-        for rank in range(2):
-            self.send(rank, job)
-        return self.receive()
 
     def close(self) -> None:
         for proc in self.procs:

@@ -19,10 +19,9 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Iterator, Sequence, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
-__all__ = ["running", "report", "watch", "emit", "interactive", "fold", "View", "Fold"]
+__all__ = ["running", "report", "watch", "emit", "interactive", "fold", "View"]
 
 DELAY_S = 2.0   # runs shorter than this show nothing extra
 HEAD = 20       # lines streamed as usual before the rest is folded
@@ -41,9 +40,7 @@ def interactive() -> bool:
         return False
     kernel = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     kernel = getattr(kernel, "kernel", None)
-    if kernel is None:
-        return False
-    return setting == "1" or bool(getattr(kernel, "_allow_stdin", False))
+    return kernel is not None and (setting == "1" or bool(getattr(kernel, "_allow_stdin", False)))
 
 
 def report(done: int, total: int | None = None) -> None:
@@ -63,33 +60,19 @@ def prefix(rank: int | None) -> str:
     return "[torchrun] " if rank is None else f"[rank {rank}] "
 
 
-@dataclass
-class Fold:
-    """Which lines stream as usual (``shown``) and which are folded, grouped per rank."""
-
-    shown: list[tuple[int | None, str]]
-    hidden: dict[int | None, list[str]] = field(default_factory=dict)
-
-    @property
-    def hidden_count(self) -> int:
-        return sum(map(len, self.hidden.values()))
-
-
-def fold(lines: Sequence[tuple[int | None, str]], head: int = HEAD) -> Fold:
-    """The first ``head`` lines (arrival order) are shown, the rest folded per rank, as streamed."""
-    result = Fold(list(lines[:head]))
+def fold(lines: Sequence[tuple[int | None, str]], head: int = HEAD) -> dict[int | None, list[str]]:
+    """What folds: the lines after the first ``head`` (arrival order, shown as streamed), per rank."""
+    hidden: dict[int | None, list[str]] = {}
     for rank, text in lines[head:]:
-        result.hidden.setdefault(rank, []).append(text)
-    return result
+        hidden.setdefault(rank, []).append(text)
+    return hidden
 
 
-def render_fold(folded: Fold) -> str:
+def render_fold(hidden: dict[int | None, list[str]]) -> str:
     """HTML: one collapsed ``<details>`` per rank, its summary naming the count and last line."""
-    if not folded.hidden:
-        return ""
     blocks = []
-    for rank in sorted(folded.hidden, key=lambda r: -1 if r is None else r):
-        texts = folded.hidden[rank]
+    for rank in sorted(hidden, key=lambda r: -1 if r is None else r):
+        texts = hidden[rank]
         who = prefix(rank).strip()
         last = html.escape(texts[-1][:120])
         blocks.append(f"<details><summary>{who}: {len(texts)} more line"
@@ -130,8 +113,7 @@ class View:
     def line(self, rank: int | None, text: str, stream: TextIO | None = None,
              echo: bool = True) -> bool:
         """One output line of ``rank``; False if it was a progress report (not output)."""
-        mark = _MARKER.match(text)
-        if mark:
+        if mark := _MARKER.match(text):
             total = int(mark.group(2)) if mark.group(2) else None
             self.update(note=f"step {mark.group(1)}{'/' + str(total) if total else ''}"
                              f" ({prefix(rank).strip()[1:-1]})")
@@ -144,99 +126,80 @@ class View:
             if self.live:
                 self.lines.append((rank, text))
                 if len(self.lines) > self.head:
-                    self._draw(force=False)
+                    self._draw()
                     return True
             stream = stream or sys.stdout
             stream.write(prefix(rank) + text + "\n")
             stream.flush()
         return True
 
-    def update(self, done: int | None = None, total: int | None = None,
-               note: str | None = None) -> None:
+    def update(self, done: int | None = None, note: str | None = None) -> None:
         """Record progress (cheap; drawn on the next tick)."""
         with self._lock:
             self.done = self.done if done is None else done
-            self.total = self.total if total is None else total
             self.note = self.note if note is None else note
             if self.outer is not None:
                 bits = [f"{self.done}/{self.total} {self.unit}" if self.total else "", self.note]
                 self.outer.update(note=f"{self.what}: " + " · ".join(b for b in bits if b))
 
-    def advance(self, n: int = 1) -> None:
-        """One more step done (for loops in :func:`running`)."""
-        with self._lock:
-            self.update(done=(self.done or 0) + n)
-
     def tick(self) -> None:
         """Show or refresh the line once the run has lasted ``delay`` seconds."""
         if self.live and time.monotonic() - self.start >= self.delay:
-            self._draw(force=False)
+            self._draw()
 
     def close(self, state: str) -> None:
         """Turn the live line into a one-line summary and the folded lines into ``<details>``."""
         with self._lock:
             elapsed = time.monotonic() - self.start
             folded = fold(self.lines, self.head)
-            if not self.live or (self._target is None and not folded.hidden
-                                 and elapsed < self.delay):
+            if not self.live or (self._target is None and not folded and elapsed < self.delay):
                 return
             summary = status_line(self.what, elapsed, self.done, self.total, self.unit,
                                   self.note, state)
-            self._show(_box(summary + render_fold(folded)))
+            self._show(summary + render_fold(folded))
 
-    def _draw(self, force: bool) -> None:
+    def _draw(self) -> None:
         with self._lock:
             now = time.monotonic()
-            if not force and now - self._drawn < 0.2:
+            if now - self._drawn < 0.2:
                 return
             self._drawn = now
-            folded = fold(self.lines, self.head)
             body = status_line(self.what, now - self.start, self.done, self.total, self.unit,
                                self.note, "running")
-            if folded.hidden:
+            count = len(self.lines) - self.head
+            if count > 0:
                 newest = self.lines[max(self.head, len(self.lines) - TAIL):]
                 tail = [prefix(r) + t for r, t in newest]
-                count = folded.hidden_count
                 body += (f"<br>{count} more line{'s' * (count != 1)}, folded per rank when the "
                          f"run ends; newest:<pre>{html.escape(chr(10).join(tail))}</pre>")
-            self._show(_box(body))
+            self._show(body)
 
     def _show(self, markup: str) -> None:
+        # the class lets a test tell progress from what a widget shows
+        markup = f"<div class='course-progress' style='font-size:0.9em'>{markup}</div>"
         try:
             if self._target is None:
-                self._target = _Target(markup)
+                self._target = _target(markup)
             else:
-                self._target.show(markup)
+                self._target(markup)
         except Exception:  # noqa: BLE001 - a display problem must never break a run
             self.live = False
 
 
-def _box(markup: str) -> str:
-    """The view's HTML; the class lets a test tell progress from what a widget shows."""
-    return f"<div class='course-progress' style='font-size:0.9em'>{markup}</div>"
-
-
-class _Target:
-    """Where the view draws: a display handle in a cell, an ``ipywidgets.HTML`` in a widget
-    callback (an ``Output`` widget, which ``interact`` uses, ignores display updates)."""
-
-    def __init__(self, markup: str) -> None:
-        from IPython.display import HTML, display
-        kernel = sys.modules["IPython"].get_ipython().kernel
-        parent = kernel.get_parent() if hasattr(kernel, "get_parent") else {}
-        self._html = HTML
-        if parent.get("header", {}).get("msg_type", "execute_request") == "execute_request":
-            self._widget, self._handle = None, display(HTML(markup), display_id=True)
-        else:
-            import ipywidgets
-            self._widget, self._handle = ipywidgets.HTML(markup), None
-            display(self._widget)
-
-    def show(self, markup: str) -> None:
-        if self._widget is not None:
-            self._widget.value = markup
-        else:
-            self._handle.update(self._html(markup))
+def _target(markup: str) -> Callable[[str], None]:
+    """Show ``markup`` where the view draws; returns how to redraw it: a display handle in a cell,
+    an ``ipywidgets.HTML`` in a widget callback (an ``Output`` widget, which ``interact`` uses,
+    ignores display updates)."""
+    from IPython.display import HTML, display
+    kernel = sys.modules["IPython"].get_ipython().kernel
+    parent = kernel.get_parent() if hasattr(kernel, "get_parent") else {}
+    if parent.get("header", {}).get("msg_type", "execute_request") == "execute_request":
+        handle = display(HTML(markup), display_id=True)
+        return lambda new: handle.update(HTML(new))
+    import ipywidgets
+    widget = ipywidgets.HTML(markup)
+    display(widget)
+    return lambda new: setattr(widget, "value", new)
 
 
 @contextmanager
@@ -263,32 +226,25 @@ def watch(what: str, total: int | None = None, unit: str = "ranks done", *,
 def running(what: str, total: int | None = None, unit: str = "steps", *,
             delay: float = DELAY_S) -> Iterator[View]:
     """A live line for a long block of notebook code: ``with running("bench", total=n) as p:
-    ... p.advance()``; a thread refreshes the time, runs inside report into the same line."""
+    ... p.update(done=k)``; a thread refreshes the time, runs inside report into the same line."""
     with watch(what, total, unit, delay=delay) as view:
         stop = threading.Event()
-        ticker = None
-        if view.live:
-            def loop() -> None:
-                while not stop.wait(0.25):
-                    view.tick()
-            ticker = threading.Thread(target=contextvars.copy_context().run, args=(loop,),
-                                      daemon=True)
-            ticker.start()
+
+        def loop() -> None:  # ends at once where nobody watches
+            while view.live and not stop.wait(0.25):
+                view.tick()
+        ticker = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
+        ticker.start()
         try:
             yield view
         finally:
             stop.set()
-            if ticker is not None:
-                ticker.join()
+            ticker.join()
 
 
 def emit(text: str, rank: int | None, stream: TextIO) -> bool:
     """Route one rank line through the current view (plain ``[rank r] ...`` when there is none)."""
-    view = _CURRENT.get()
-    if view is None:
-        if _MARKER.match(text):
-            return False
-        stream.write(prefix(rank) + text + "\n")
-        stream.flush()
-        return True
-    return view.line(rank, text, stream)
+    return (_CURRENT.get() or _PLAIN).line(rank, text, stream)
+
+
+_PLAIN = View("", None, "", DELAY_S, HEAD, live=False)  # no view: lines pass, reports vanish

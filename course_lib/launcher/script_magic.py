@@ -11,11 +11,11 @@ docs/decisions.md); returns a :class:`ScriptRun`. Options after the name: ``--no
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,8 +86,7 @@ def parse_losses(output: str) -> list[float]:
     found: dict[int, float] = {}
     rank_seen = None
     for line in output.splitlines():
-        match = _LOSS.match(line.strip())
-        if not match:
+        if not (match := _LOSS.match(line.strip())):
             continue
         rank = match.group(1)
         if rank_seen is None:
@@ -109,30 +108,26 @@ def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bo
     devices.validate_timeout(timeout)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"the script's name must be a plain file name ending in .py, got {name!r}")
-    folder = tempfile.mkdtemp(prefix="course_lib_script_")  # 0700, private to this user
-    path = os.path.join(folder, name)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    here = os.getcwd()
-    try:
+    alone = None
+    # the job's working folder (0700, private to this user): what it writes stays in it
+    with tempfile.TemporaryDirectory(prefix="course_lib_script_", ignore_cleanup_errors=True) \
+            as folder, contextlib.chdir(folder):
+        path, alone_dir = os.path.join(folder, name), os.path.join(folder, "alone")
         Path(path).write_text(text)
-        os.chdir(folder)  # the job's working folder: what it writes stays in the temp folder
-        alone = None
         try:
             if reference:
-                os.mkdir(os.path.join(folder, "alone"))
+                os.mkdir(alone_dir)
             if reference and not pauses_for_torchrun():  # first: it imports torch beside the agent
-                alone = _start_alone(path, args, os.path.join(folder, "alone"), env)
+                alone = _start_alone(path, args, alone_dir, env)
             output = torchrun(path, nprocs, args, timeout=timeout, env=env, quiet=quiet).output
             if reference and alone is None:  # in a pod (issue 50): not beside torchrun's processes
-                alone = _start_alone(path, args, os.path.join(folder, "alone"), env)
+                alone = _start_alone(path, args, alone_dir, env)
             ref = _finish_alone(alone, name, timeout, quiet) if alone else None
         finally:
-            os.chdir(here)
             if alone is not None and alone.poll() is None:  # torchrun failed or was stopped
                 alone.kill()
                 alone.wait()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     losses = parse_losses(output)
     return ScriptRun(name, nprocs, losses, None if ref is None else parse_losses(ref),
                      tolerance_for(text), output)

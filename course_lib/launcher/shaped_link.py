@@ -58,8 +58,7 @@ def _hub(opts: dict, timeout: float, what: str) -> list[dict]:
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    with tempfile.TemporaryDirectory(prefix="shaped_link_") as tmp:
-        os.chmod(tmp, 0o700)
+    with tempfile.TemporaryDirectory(prefix="shaped_link_") as tmp:  # 0700: ours alone
         proc = subprocess.Popen([sys.executable, "-m", "course_lib.launcher.shaped_link", "hub"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
@@ -74,8 +73,7 @@ def _hub(opts: dict, timeout: float, what: str) -> list[dict]:
                 proc.kill()
                 proc.wait()
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    refused = next((line["refused"] for line in lines if "refused" in line), None)
-    if refused:
+    if refused := next((line["refused"] for line in lines if "refused" in line), None):
         raise LinkUnavailable(refused)
     if proc.returncode != 0 or sum("job" in line for line in lines) != len(opts["jobs"]):
         raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{err[-3000:]}")
@@ -117,8 +115,6 @@ def run_on_loopback(target: str, jobs: Sequence[tuple], *, preload: Sequence[str
 
 def _cores_of(rank: int, threads: int, cores: list[int]) -> list[int]:
     """Rank r's cores: r·threads … when there are enough, else the cores taken round-robin."""
-    if (rank + 1) * threads <= len(cores):
-        return cores[rank * threads:(rank + 1) * threads]
     return [cores[(rank * threads + i) % len(cores)] for i in range(threads)]
 
 
@@ -163,7 +159,9 @@ def _pair(opts: dict, report) -> None:
         for index, (rate, latency, kwargs) in enumerate(opts["jobs"]):
             for pid, iface in zip(pids, ifaces):
                 shape(pid, iface, rate, latency)
-            report(index, rate, latency, nodes.ask({"kwargs": kwargs}))
+            for rank in range(2):
+                nodes.send(rank, {"kwargs": kwargs})
+            report(index, rate, latency, nodes.receive())
         for rank in range(2):
             nodes.send(rank, {"stop": True})
         for proc in nodes.procs:

@@ -11,13 +11,10 @@ from course_lib.launcher.progress import View, fold, render_fold, status_line
 
 def test_fold_shows_the_first_lines_in_arrival_order_and_groups_the_rest_per_rank():
     lines = [(i % 3, f"step {i}") for i in range(26)]
-    folded = fold(lines, head=20)
-    assert folded.shown == lines[:20]
-    assert folded.hidden == {2: ["step 20", "step 23"], 0: ["step 21", "step 24"],
-                             1: ["step 22", "step 25"]}
-    assert folded.hidden_count == 6
+    assert fold(lines, head=20) == {2: ["step 20", "step 23"], 0: ["step 21", "step 24"],
+                                    1: ["step 22", "step 25"]}
     few = fold(lines[:20], head=20)
-    assert few.shown == lines[:20] and few.hidden == {} and render_fold(few) == ""
+    assert few == {} and render_fold(few) == ""
 
 
 def test_render_fold_escapes_and_names_count_and_last_line_per_rank():
@@ -35,19 +32,16 @@ def test_status_line_shows_a_bar_only_when_the_total_is_known():
     assert line == "✔ <b>bench &lt;x&gt;</b> · 12.3 s · size 4 MB"
 
 
-class _Recorder:
-    """Stands in for the notebook display: keeps what the view drew."""
-    drawn: list[str] = []
+drawn: list[str] = []  # what the view drew, in place of the notebook display
 
-    def __init__(self, markup: str) -> None:
-        _Recorder.drawn = [markup]
 
-    def show(self, markup: str) -> None:
-        _Recorder.drawn.append(markup)
+def _recorder(markup: str):
+    drawn[:] = [markup]
+    return drawn.append
 
 
 def test_a_watched_run_streams_the_head_folds_the_rest_and_consumes_progress_reports(monkeypatch):
-    monkeypatch.setattr(progress, "_Target", _Recorder)
+    monkeypatch.setattr(progress, "_target", _recorder)
     view, out = View("run on 2 ranks", 2, "ranks done", delay=0.0, head=3, live=True), io.StringIO()
     results = [view.line(i % 2, f"line {i}", out) for i in range(5)]
     assert view.line(0, "\x1b]course-progress;7/10\x07", out) is False
@@ -55,7 +49,7 @@ def test_a_watched_run_streams_the_head_folds_the_rest_and_consumes_progress_rep
     assert out.getvalue() == "[rank 0] line 0\n[rank 1] line 1\n[rank 0] line 2\n"
     view.update(done=2)
     view.close("done")
-    final = _Recorder.drawn[-1]
+    final = drawn[-1]
     assert "✔ <b>run on 2 ranks</b>" in final and "2/2 ranks done" in final
     assert "step 7/10 (rank 0)" in final
     assert "[rank 1]: 1 more line · last: <code>line 3</code>" in final
@@ -63,18 +57,18 @@ def test_a_watched_run_streams_the_head_folds_the_rest_and_consumes_progress_rep
 
 
 def test_a_short_quiet_run_draws_nothing(monkeypatch):
-    monkeypatch.setattr(progress, "_Target", _Recorder)
-    _Recorder.drawn = []
+    monkeypatch.setattr(progress, "_target", _recorder)
+    drawn.clear()
     view = View("run", 2, "ranks done", delay=60.0, head=20, live=True)
     view.line(0, "hello", io.StringIO())
     view.tick()
     view.close("done")
-    assert _Recorder.drawn == []
+    assert drawn == []
 
 
 def test_an_inner_run_reports_into_the_outer_line(monkeypatch):
     monkeypatch.setattr(progress, "interactive", lambda: True)
-    monkeypatch.setattr(progress, "_Target", _Recorder)
+    monkeypatch.setattr(progress, "_target", _recorder)
     with progress.watch("benchmark", 3, "sizes", delay=0.0) as outer:
         with progress.watch("run on 4 ranks", 4) as inner:
             assert not inner.live
