@@ -86,8 +86,6 @@ def format_interval(n_gpus: int, failures_per_gpu_year: float, cost_s: float,
 def show_interval(n_gpus: int = 16384, failures_per_gpu_year: float = 0.173,
                   cost_s: float = 30.0, restart_s: float = 120.0) -> None:
     """Print :func:`format_interval` and draw the lost-time curve (no simulation: instant)."""
-    import matplotlib.pyplot as plt
-
     try:
         print(format_interval(n_gpus, failures_per_gpu_year, cost_s, restart_s))
     except ValueError as err:
@@ -156,7 +154,6 @@ def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
                      fontsize=FONT_MIN, color="black" if committed else PALETTE[5])
         ax.set_xlabel("n-th file operation", fontsize=FONT_MIN)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.tick_params(labelsize=FONT_MIN)
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.15)
     axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=FONT_MIN)

@@ -52,8 +52,7 @@ class Fault:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
         for name in ("attempt", "rank", "step"):
-            value = getattr(self, name)
-            non_negative_int(value, f"Fault.{name}")
+            non_negative_int(getattr(self, name), f"Fault.{name}")
 
 
 def parse_faults(text: str) -> tuple[Fault, ...]:
