@@ -1,10 +1,6 @@
 """Chapter 6's figures and widget: checkpoint cost against size, lost time against interval, and
 the commit protocol as the timeline of the files a run created (:func:`plot_commit_timeline`).
-
-Figures take measured rows or plain numbers; :func:`show_interval` prints
-:func:`course_lib.fault_tolerance.interval.interval_summary` and draws :func:`plot_waste`;
-:func:`interval_widget` puts inputs in front of it.
-"""
+Figures take measured rows or plain numbers."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -158,9 +154,8 @@ def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
         ax.margins(x=0.15)
     axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=FONT_MIN)
     axes[0, 0].set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
-    order = [k for k in _EVENT_STYLE if k in seen]
     handles, labels = zip(*sorted(((h, l) for a in axes[0] for h, l in zip(*a.get_legend_handles_labels())),
-                                  key=lambda hl: order.index(hl[1])))
+                                  key=lambda hl: list(_EVENT_STYLE).index(hl[1])))
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=FONT_MIN, frameon=False)
     fig.tight_layout(rect=(0, 0.2, 1, 1))
     return fig
