@@ -38,18 +38,14 @@ def _lora_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 def _lora_counts(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     """Per wrapped target (``attn.qkv``, …, summed over blocks) and for everything else:
     (frozen, trainable) parameter counts, read from ``requires_grad``."""
+    lora = {id(m) for m in _lora_modules(model)}
+    wrapped = [name for name, m in model.named_modules() if id(m) in lora]
     counts: dict[str, list[int]] = {}
-    wrapped, layers = set(), _lora_modules(model)
-    for name, module in model.named_modules():
-        if any(module is layer for layer in layers):
-            key = ".".join(name.split(".")[-2:])
-            for p in module.parameters():
-                counts.setdefault(key, [0, 0])[p.requires_grad] += p.numel()
-                wrapped.add(id(p))
-    rest = counts.setdefault("everything else", [0, 0])
-    for p in model.parameters():
-        if id(p) not in wrapped:
-            rest[p.requires_grad] += p.numel()
+    for name, p in model.named_parameters():
+        owner = next((w for w in wrapped if name.startswith(w + ".")), None)
+        key = ".".join(owner.split(".")[-2:]) if owner else "everything else"
+        counts.setdefault(key, [0, 0])[p.requires_grad] += p.numel()
+    counts["everything else"] = counts.pop("everything else", [0, 0])  # the last bar
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
