@@ -113,14 +113,9 @@ def estimate_table(rows: list[dict]) -> str:
              f"{'measured':>10}   closer"]
     for r in rows:
         est, pred, meas = r["ds_estimate"], r["predicted"], r["measured"]
-        if est is None:
-            closer = "(DeepSpeed has no estimator)"
-        elif abs(pred - meas) < abs(est - meas):
-            closer = "course"
-        elif abs(pred - meas) == abs(est - meas):
-            closer = "same"
-        else:
-            closer = "DeepSpeed"
+        lead = None if est is None else abs(est - meas) - abs(pred - meas)  # > 0: course closer
+        closer = ("(DeepSpeed has no estimator)" if lead is None else "course" if lead > 0
+                  else "same" if lead == 0 else "DeepSpeed")
         lines.append(f"{r['stage']:>5} {r['world']:>2} {_num(est):>19} {pred:>18,} "
                      f"{meas:>10,}   {closer}")
     return "\n".join(lines)

@@ -1,9 +1,5 @@
-"""Chapter 4's tensor-parallel explorer and figure: per-rank bytes against the TP degree.
-
-:func:`tp_explorer` (tests call it) runs the whole GPT tensor-parallel on real ranks and returns
-per-rank parameter bytes and bytes all-reduced; :func:`format_tp` prints a row;
-:func:`tp_widget` puts a slider in front; :func:`plot_tp_bytes` draws split against replicated.
-"""
+"""Chapter 4's tensor-parallel explorer and figures: per-rank bytes against the TP degree
+(:func:`tp_explorer` measures them on real ranks), and one block's split weights."""
 from __future__ import annotations
 
 from typing import Sequence
