@@ -53,9 +53,8 @@ def plot_strategy_map(strategies: tuple[dict, ...] = STRATEGIES):
 
     columns = [("splits", "splits over N ranks"), ("saves", "saves"),
                ("costs", "costs in communication")]
-    widths, x0 = (2.2, 2.6, 2.4, 3.3), [0.0]
-    for w in widths[:-1]:
-        x0.append(x0[-1] + w)
+    widths = (2.2, 2.6, 2.4, 3.3)
+    x0 = [sum(widths[:j]) for j in range(len(widths))]  # each column's left edge
     rows = len(strategies)
     fig, ax = plt.subplots(figsize=(10.5, 0.62 * rows + 1.2), dpi=DPI)
     for j, (_, title) in enumerate([("name", "strategy (chapter)"), *columns]):
@@ -74,8 +73,7 @@ def plot_strategy_map(strategies: tuple[dict, ...] = STRATEGIES):
             ax.text(x0[j] + 0.12, y + 0.5, s[key], va="center", fontsize=FONT_MIN)
     ax.text(0.08, -0.1, "Ψ: the model's bytes. Chapter 09 combines them; chapter 12 trains the "
             "GPT on each.", va="top", fontsize=FONT_MIN)
-    ax.set_xlim(0, sum(widths))
-    ax.set_ylim(-0.5, rows + 0.7)
+    ax.set(xlim=(0, sum(widths)), ylim=(-0.5, rows + 0.7))
     ax.axis("off")
     fig.tight_layout()
     return fig
@@ -91,9 +89,8 @@ def plot_whole_game(one: dict, two: dict):
     steps = range(1, len(one["losses"]) + 1)
     ax.plot(steps, one["losses"], linewidth=4, alpha=0.5, label="one process")
     ax.plot(steps, two["losses"], "--", linewidth=1.5, label="two ranks, torch's DDP")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per byte)")
-    ax.set_title(f"the same GPT, the same batches: one curve (largest gap {gap:.0e})")
+    ax.set(xlabel="step", ylabel="loss (nats per byte)",
+           title=f"the same GPT, the same batches: one curve (largest gap {gap:.0e})")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -190,9 +187,8 @@ def plot_curves(reference, results: list, steps: int | None = None):
                         label=f"{r.layout.label()} (train)")
         val = [(s, v) for s, v in r.val_losses if s <= steps]
         ax.plot(*zip(*val), "o", markersize=7 - i, fillstyle="none", color=line.get_color())
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per byte)")
-    ax.set_title("train (lines) and validation (circles) loss:\nevery layout on one curve")
+    ax.set(xlabel="step", ylabel="loss (nats per byte)",
+           title="train (lines) and validation (circles) loss:\nevery layout on one curve")
     ax.legend(fontsize=FONT_MIN)
     fig.tight_layout()
     return fig

@@ -48,25 +48,21 @@ def register(model, name: str) -> None:
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-def _compressed(shape: torch.Size, r: int, min_rate: float = 2.0) -> int | None:
-    """Elements PowerSGD all-reduces for a gradient of ``shape`` (P and Q), None if it keeps it
-    uncompressed: torch's ``_should_compress`` (a matrix ``shape[0] x rest`` must shrink
-    ``min_compression_rate`` = 2 times)."""
+def _allreduced(shape, r: int, min_rate: float = 2.0) -> int:
+    """Elements PowerSGD at rank ``r`` all-reduces for a gradient of ``shape``: P and Q, or the
+    whole tensor where torch's ``_should_compress`` keeps it (a matrix ``shape[0] x rest`` must
+    shrink ``min_compression_rate`` = 2 times; a 1-D tensor never does)."""
+    numel = torch.Size(shape).numel()
     if len(shape) < 2:
-        return None
-    rows = shape[0]
-    cols = torch.Size(shape).numel() // rows
+        return numel
+    rows, cols = shape[0], numel // shape[0]
     small = (rows + cols) * min(r, rows, cols)
-    return small if small * min_rate < rows * cols else None
+    return small if small * min_rate < numel else numel
 
 
 def _powersgd_elements(shapes, r: int) -> int:
     """Elements one step of PowerSGD at rank ``r`` all-reduces for gradients of ``shapes``."""
-    total = 0
-    for shape in shapes:
-        small = _compressed(torch.Size(shape), r)
-        total += torch.Size(shape).numel() if small is None else small
-    return total
+    return sum(_allreduced(shape, r) for shape in shapes)
 
 
 def predicted_payload(shapes, name: str) -> int:

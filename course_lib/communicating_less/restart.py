@@ -18,9 +18,8 @@ from course_lib.launcher.launch import RankError, run
 
 def restart_everything(steps: int = 12, kill_at: int = 7, every: int = 4) -> dict:
     """``lost_steps`` (kill_at - resumed_from), ``resumed_from``, ``failed_s``, ``resumed_s``."""
-    steps, kill_at, every = (positive_int(v, n) for v, n in ((steps, "steps"),
-                                                             (kill_at, "kill_at"),
-                                                             (every, "every")))
+    steps, kill_at, every = (positive_int(steps, "steps"), positive_int(kill_at, "kill_at"),
+                             positive_int(every, "every"))
     if kill_at >= steps:
         raise ValueError(f"kill_at ({kill_at}) must come before the last step ({steps})")
     with tempfile.TemporaryDirectory(prefix="course_restart_") as root:

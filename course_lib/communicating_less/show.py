@@ -31,9 +31,8 @@ def plot_hooks(rows: Sequence[Mapping], timed: Mapping[float, Sequence[Mapping]]
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
     names = [r["hook"] for r in rows]
     left.barh(names, [r["sent"] / 1e3 for r in rows], color=PALETTE[0])
-    left.set_xscale("log")
+    left.set(xscale="log", xlabel="kB a rank sends per step (measured)")
     left.xaxis.set_minor_formatter(NullFormatter())  # 2×10¹, 3×10¹ … collide at 11 pt
-    left.set_xlabel("kB a rank sends per step (measured)")
     for rate in sorted(timed):
         step = {t["hook"]: t["step_s"] for t in timed[rate]}
         right.plot(names, [1e3 * step[n] for n in names], marker="o",

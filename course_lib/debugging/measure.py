@@ -97,7 +97,7 @@ def drift_run(cause: str = "none", steps: int = 3, nprocs: int = 2,
     checks right after ``optimizer.step()``, where each rank's BatchNorm statistics still hold
     its own batch's update even under DDP's defaults.
     """
-    return [r for r in drift_ranks(cause, steps, nprocs, where)[0]["seen"]]
+    return drift_ranks(cause, steps, nprocs, where)[0]["seen"]
 
 
 def _nan_rank(bad_rank: int, bad_step: int, steps: int, guard: bool) -> dict:

@@ -30,8 +30,7 @@ def plot_step_times(rows: list, slow_rank: int | None = None):
         for r in range(n):
             ax.plot([row[k][r] * 1e3 for row in rows], marker="o", color=PALETTE[r % len(PALETTE)],
                     label=f"rank {r}" + (" (slowed)" if r == slow_rank else ""))
-        ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set(title=title, xlabel="step")
     axes[0].set_ylabel("ms")
     axes[0].legend()
     fig.tight_layout()

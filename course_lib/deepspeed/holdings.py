@@ -75,15 +75,13 @@ def holdings(engine: Any) -> dict[str, int]:
     (e.g. the grad-norm scalar). Returns those keys plus ``model_states`` (their sum).
     Activations are not model states and are not walked.
     """
-    claimed: dict[int, str] = {}
-    sizes: dict[int, int] = {}
+    claimed: dict[int, tuple[str, int]] = {}  # storage address -> (category, bytes)
 
     def claim(tensors: Sequence[torch.Tensor], category: str) -> None:
         for t in tensors:
             storage = t.untyped_storage()
             if t.device.type != "meta" and storage.nbytes() and storage.data_ptr() not in claimed:
-                claimed[storage.data_ptr()] = category
-                sizes[storage.data_ptr()] = storage.nbytes()
+                claimed[storage.data_ptr()] = (category, storage.nbytes())
 
     params = list(engine.module.parameters())
     claim(params, "params")
@@ -104,8 +102,8 @@ def holdings(engine: Any) -> dict[str, int]:
     claim(_tensors(rest, 5, set()), "other")
     claim(_tensors({k: v for k, v in vars(engine).items() if k not in _SKIP}, 3, set()), "other")
     out = {category: 0 for category in CATEGORIES}
-    for ptr, category in claimed.items():
-        out[category] += sizes[ptr]
+    for category, nbytes in claimed.values():
+        out[category] += nbytes
     out["model_states"] = sum(out[c] for c in CATEGORIES)
     return out
 

@@ -9,6 +9,7 @@ again in each rank (seconds per process on 2 cores). The engine module stays fre
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -36,13 +37,11 @@ __all__ = ["train_rank_deepspeed", "measure_torch", "config_census"]
 
 def _full_params(engine: Any, stage: int) -> dict[str, torch.Tensor]:
     """Every parameter as a full CPU tensor; ZeRO-3 gathers its partitions (a collective)."""
+    import deepspeed
     module = engine.module
-    if stage == 3:
-        import deepspeed
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return {n: p.detach().clone() for n, p in module.named_parameters()}
-    return {n: p.detach().clone() for n, p in module.named_parameters()}
+    with (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+          if stage == 3 else contextlib.nullcontext()):
+        return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
 def _batches(config: GPTConfig, batch: tuple[int, int], steps: int, seed: int) -> list:

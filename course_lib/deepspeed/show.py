@@ -68,14 +68,11 @@ def memory_rows(result: dict, config: GPTConfig | str = "tiny", rank: int = 0) -
     """
     config = get_config(config)
     shapes = param_shapes(config)
-    ranks = result["ranks"]
-    mine = ranks[rank]
+    mine = result["ranks"][rank]
     world = mine["world_size"]
     rows = []
     for stage in sorted(k for k in mine if isinstance(k, int)):
-        entry = mine[stage]
-        bwd = entry["after_backward"]
-        step = entry["after_step"]
+        bwd, step = mine[stage]["after_backward"], mine[stage]["after_step"]
         pred_b = predict_deepspeed(shapes, stage, world, rank=rank, moment="backward")
         pred_s = predict_deepspeed(shapes, stage, world, rank=rank)
         torch_row = mine["torch"][stage]
@@ -116,14 +113,9 @@ def estimate_table(rows: list[dict]) -> str:
              f"{'measured':>10}   closer"]
     for r in rows:
         est, pred, meas = r["ds_estimate"], r["predicted"], r["measured"]
-        if est is None:
-            closer = "(DeepSpeed has no estimator)"
-        elif abs(pred - meas) < abs(est - meas):
-            closer = "course"
-        elif abs(pred - meas) == abs(est - meas):
-            closer = "same"
-        else:
-            closer = "DeepSpeed"
+        lead = None if est is None else abs(est - meas) - abs(pred - meas)  # > 0: course closer
+        closer = ("(DeepSpeed has no estimator)" if lead is None else "course" if lead > 0
+                  else "same" if lead == 0 else "DeepSpeed")
         lines.append(f"{r['stage']:>5} {r['world']:>2} {_num(est):>19} {pred:>18,} "
                      f"{meas:>10,}   {closer}")
     return "\n".join(lines)
@@ -259,7 +251,6 @@ def plot_stage_holdings(result: dict, moment: str = "after_backward"):
                        label="stage 0 ÷ N" if stage == stages[0] else None)
         ax.set_title(f"stage {stage}", fontsize=FONT_MIN)
         ax.set_xticks(range(world), [f"r{r}" for r in range(world)], fontsize=FONT_MIN)
-        ax.tick_params(axis="y", labelsize=FONT_MIN)
     axes[0, 0].set_ylabel("model states (MB)", fontsize=FONT_MIN)
     fig.supxlabel(f"rank (N = {world}), bytes {moment.replace('_', ' ')}", fontsize=FONT_MIN)
     fig.legend(loc="upper center", ncol=4, fontsize=FONT_MIN, frameon=False)

@@ -8,6 +8,7 @@ checkpoint under a root. Saving: :mod:`course_lib.fault_tolerance.checkpoint`.
 """
 from __future__ import annotations
 
+import copy
 import io
 import random
 from pathlib import Path
@@ -118,16 +119,6 @@ def _load_pinned(folder: PinnedFolder, files: list[str], model: nn.Module,
                    optim_state_dict=state["optim"])
 
 
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (dict, list, tuple)):
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        copied = {k: _clone(v) for k, v in items}
-        return copied if isinstance(value, dict) else type(value)(copied.values())
-    return value
-
-
 def _reason(exc: BaseException) -> str:
     """What went wrong, in texts written by this package only (a parser's can quote bytes)."""
     inner = [e for e, _ in exc.failures.values()] if isinstance(exc, CheckpointException) else [exc]
@@ -163,7 +154,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         if failure is not None:
             raise CheckpointError(failure if failure.startswith(path.name) else
                                   f"{path.name}: {failure}")
-        saved = _clone(model.state_dict()), _clone(optimizer.state_dict())
+        saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
         try:
             _load_pinned(folder, list(manifest["files"]), model, optimizer)
         except (KeyboardInterrupt, SystemExit):

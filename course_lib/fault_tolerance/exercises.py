@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from course_lib.common.checks import is_int
+from course_lib.common.checks import positive_int
 from course_lib.fault_tolerance.commit import MARKER, latest_committed, load_committed
 from course_lib.fault_tolerance.training import build
 from course_lib.launcher.launch import run
@@ -50,8 +50,7 @@ def check_latest_committed(fn: Callable, root: str | Path, world: int = 2,
     if not callable(fn):
         raise TypeError(f"pass your function itself (latest_committed, no parentheses), "
                         f"got {type(fn).__name__}")
-    if not is_int(world) or world < 1:
-        raise ValueError(f"world must be a positive integer, got {world!r}")
+    positive_int(world, "world")
     root = Path(root)
     expected = latest_committed(root)
     unfinished = [p for p in root.glob("step_*.tmp")

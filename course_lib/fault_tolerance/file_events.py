@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -89,9 +88,6 @@ def traced_run(fn: Callable, nprocs: int, root, *args, **kwargs) -> dict:
     for e in events:
         e["t"] -= start
     return {"events": events, "error": error, "result": result}
-
-
-_STEP = re.compile(r"step_(\d+)")
 
 
 def classify(event: dict) -> str:

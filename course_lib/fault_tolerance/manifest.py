@@ -101,13 +101,7 @@ def read_manifest(path: str | Path | PinnedFolder) -> dict:
             return read_manifest(folder)
     folder, path = path, Path(path.path)
     match = COMMITTED.match(path.name)
-    try:
-        folder.lstat(MANIFEST)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.name}: no {MANIFEST} (commit marker): the save did not "
-                              "finish") from None
-    except OSError:
-        raise CheckpointError(f"{path.name}: {MANIFEST} cannot be read") from None
+    _lstat(folder, MANIFEST, f"no {MANIFEST} (commit marker): the save did not finish")
     try:
         manifest = json.loads(read_in_folder(folder, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
     except UnsafeCheckpointError as exc:

@@ -1,10 +1,6 @@
 """Chapter 6's figures and widget: checkpoint cost against size, lost time against interval, and
 the commit protocol as the timeline of the files a run created (:func:`plot_commit_timeline`).
-
-Figures take measured rows or plain numbers; :func:`show_interval` prints
-:func:`course_lib.fault_tolerance.interval.interval_summary` and draws :func:`plot_waste`;
-:func:`interval_widget` puts inputs in front of it.
-"""
+Figures take measured rows or plain numbers."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -86,8 +82,6 @@ def format_interval(n_gpus: int, failures_per_gpu_year: float, cost_s: float,
 def show_interval(n_gpus: int = 16384, failures_per_gpu_year: float = 0.173,
                   cost_s: float = 30.0, restart_s: float = 120.0) -> None:
     """Print :func:`format_interval` and draw the lost-time curve (no simulation: instant)."""
-    import matplotlib.pyplot as plt
-
     try:
         print(format_interval(n_gpus, failures_per_gpu_year, cost_s, restart_s))
     except ValueError as err:
@@ -156,14 +150,12 @@ def plot_commit_timeline(events: Sequence[Mapping]) -> Figure:
                      fontsize=FONT_MIN, color="black" if committed else PALETTE[5])
         ax.set_xlabel("n-th file operation", fontsize=FONT_MIN)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.tick_params(labelsize=FONT_MIN)
         ax.grid(axis="x", alpha=0.3)
         ax.margins(x=0.15)
     axes[0, 0].set_yticks(ranks, [f"rank {r}" for r in ranks], fontsize=FONT_MIN)
     axes[0, 0].set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
-    order = [k for k in _EVENT_STYLE if k in seen]
     handles, labels = zip(*sorted(((h, l) for a in axes[0] for h, l in zip(*a.get_legend_handles_labels())),
-                                  key=lambda hl: order.index(hl[1])))
+                                  key=lambda hl: list(_EVENT_STYLE).index(hl[1])))
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=FONT_MIN, frameon=False)
     fig.tight_layout(rect=(0, 0.2, 1, 1))
     return fig

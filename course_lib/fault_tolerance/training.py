@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from course_lib.common.checks import is_int, non_negative_int, positive_int
+from course_lib.common.checks import non_negative_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.fault_tolerance.checkpoint import load_checkpoint, resume_latest, save_checkpoint
@@ -52,8 +52,7 @@ class Fault:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
         for name in ("attempt", "rank", "step"):
-            value = getattr(self, name)
-            non_negative_int(value, f"Fault.{name}")
+            non_negative_int(getattr(self, name), f"Fault.{name}")
 
 
 def parse_faults(text: str) -> tuple[Fault, ...]:
@@ -101,8 +100,7 @@ def _has_losses(manifest: dict) -> None:
 
 def _check(steps: int, every: int, faults: Sequence[Fault], world: int) -> None:
     positive_int(steps, "steps")
-    if not is_int(every) or every < 0:
-        raise ValueError(f"every must be a non-negative integer (0: no checkpoints), got {every!r}")
+    non_negative_int(every, "every (0: no checkpoints)")
     for f in faults:
         if f.rank >= world or f.step >= steps + (f.kind == "save"):
             raise ValueError(f"{f} is outside this run ({world} ranks, {steps} steps)")

@@ -124,7 +124,7 @@ def _merge_rank(fn: Callable, seed: int, steps: int) -> dict:
     with torch.no_grad():
         expected = model(x)
         plain = GPT(get_config("tiny"))
-        state = {}
+        state, max_diff = {}, 0.0
         for name, module in model.named_modules():
             if isinstance(module, LoRALinear):
                 before = module.base.weight.detach().clone()
@@ -140,10 +140,7 @@ def _merge_rank(fn: Callable, seed: int, steps: int) -> dict:
                                      f"{tuple(merged.shape)}, the layer's weight {tuple(before.shape)}"}
                 state[name + ".weight"] = merged.detach().float()
                 state[name + ".bias"] = module.base.bias
-                ref = (merge_lora(module) - merged.float()).abs().max().item()
-                state.setdefault("_max_diff", 0.0)
-                state["_max_diff"] = max(state["_max_diff"], ref)
-        max_diff = state.pop("_max_diff")
+                max_diff = max(max_diff, (merge_lora(module) - merged.float()).abs().max().item())
         rest = {n.replace(".base.", "."): p for n, p in model.state_dict().items()
                 if ".A" not in n and ".B" not in n}
         plain.load_state_dict({**rest, **state})

@@ -20,7 +20,7 @@ import torch
 import torch._subclasses.fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from course_lib.common.checks import is_int
+from course_lib.common.checks import batch_shape
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.finetuning.lora import DEFAULT_TARGETS, add_lora
@@ -83,11 +83,7 @@ def measure_finetune(config: GPTConfig | str, batch: tuple[int, int], method: st
     are ``buffers``; ``info["trainable"]`` counts the trainable parameters.
     """
     config = get_config(config)
-    if not (isinstance(batch, tuple) and len(batch) == 2
-            and all(is_int(n) and n > 0 for n in batch)):
-        raise ValueError(f"batch must be (batch_size, seq_len) positive ints, got {batch!r}")
-    if batch[1] > config.seq_len:
-        raise ValueError(f"seq_len={batch[1]} exceeds the config's seq_len={config.seq_len}")
+    batch_shape(batch, config.seq_len)
     with FakeTensorMode() if fake else nullcontext():
         model = build_finetune_model(config, method, r=r, alpha=alpha, targets=targets, seed=seed)
         inputs = make_inputs(config, batch, seed=seed, rank=0)

@@ -111,19 +111,15 @@ def compare_finetuning(config: GPTConfig | str = "tiny", pretrain_steps: int = 2
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _compare(config, pretrain_steps, finetune_steps, r)
+        base = pretrain(config, pretrain_steps)
+        sums, sentences = task_tokens("sums")["val"], task_tokens("sentences")["val"]
+        seq = base.config.seq_len
+        rows = [FinetuneResult("base (no FT)", 0, _eval(base, sums, seq),
+                               _eval(base, sentences, seq), 0.0)]
+        for method in ("full", "lora", "qlora"):
+            model = finetune(base, method, finetune_steps, r)
+            rows.append(FinetuneResult(method, trainable_parameters(model), _eval(model, sums, seq),
+                                       _eval(model, sentences, seq), _LR[method]))
+        return rows
     finally:
         torch.set_num_threads(before)
-
-
-def _compare(config: GPTConfig | str, pretrain_steps: int, finetune_steps: int, r: int
-             ) -> list[FinetuneResult]:
-    base = pretrain(config, pretrain_steps)
-    sums, sentences = task_tokens("sums")["val"], task_tokens("sentences")["val"]
-    seq = base.config.seq_len
-    rows = [FinetuneResult("base (no FT)", 0, _eval(base, sums, seq), _eval(base, sentences, seq), 0.0)]
-    for method in ("full", "lora", "qlora"):
-        model = finetune(base, method, finetune_steps, r)
-        rows.append(FinetuneResult(method, trainable_parameters(model), _eval(model, sums, seq),
-                                   _eval(model, sentences, seq), _LR[method]))
-    return rows

@@ -160,8 +160,7 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("qdata", q.data)
         self.register_buffer("scales", q.scales)
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def quantized(self) -> QuantizedWeight:
         return QuantizedWeight(self.kind, self.qdata, self.scales, self.shape, self.block)

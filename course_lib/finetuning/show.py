@@ -15,7 +15,6 @@ from typing import Mapping
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -39,18 +38,14 @@ def _lora_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 def _lora_counts(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     """Per wrapped target (``attn.qkv``, …, summed over blocks) and for everything else:
     (frozen, trainable) parameter counts, read from ``requires_grad``."""
+    lora = {id(m) for m in _lora_modules(model)}
+    wrapped = [name for name, m in model.named_modules() if id(m) in lora]
     counts: dict[str, list[int]] = {}
-    wrapped, layers = set(), _lora_modules(model)
-    for name, module in model.named_modules():
-        if any(module is layer for layer in layers):
-            key = ".".join(name.split(".")[-2:])
-            for p in module.parameters():
-                counts.setdefault(key, [0, 0])[p.requires_grad] += p.numel()
-                wrapped.add(id(p))
-    rest = counts.setdefault("everything else", [0, 0])
-    for p in model.parameters():
-        if id(p) not in wrapped:
-            rest[p.requires_grad] += p.numel()
+    for name, p in model.named_parameters():
+        owner = next((w for w in wrapped if name.startswith(w + ".")), None)
+        key = ".".join(owner.split(".")[-2:]) if owner else "everything else"
+        counts.setdefault(key, [0, 0])[p.requires_grad] += p.numel()
+    counts["everything else"] = counts.pop("everything else", [0, 0])  # the last bar
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
@@ -84,8 +79,7 @@ def plot_lora(model: torch.nn.Module) -> Figure:
              aspect="equal", xticks=[], yticks=[])
     left.set_title(f"one layer to scale, r = {r}", fontsize=FONT_MIN)
     left.set_xlabel(f"{len(layers)} LoRA layers in the model", fontsize=FONT_MIN)
-    for side in left.spines.values():
-        side.set_visible(False)
+    left.spines[:].set_visible(False)
     counts = _lora_counts(model)
     names = list(counts)
     for k, (colour, label) in enumerate(((_FROZEN, "frozen"), (_TRAINABLE, "trainable"))):
@@ -95,15 +89,13 @@ def plot_lora(model: torch.nn.Module) -> Figure:
         right.bar_label(bars, [f"{v:,}" for v in values], fontsize=FONT_MIN, padding=2)
     right.set_yticks(range(len(names)), names, fontsize=FONT_MIN)
     right.invert_yaxis()
-    right.set_xscale("log")
+    right.set(xscale="log", xlabel="parameters (log scale)")
     right.set_xlim(right=right.get_xlim()[1] * 30)
-    right.set_xlabel("parameters (log scale)", fontsize=FONT_MIN)
     trainable = sum(t for _, t in counts.values())
     total = sum(f + t for f, t in counts.values())
     right.set_title(f"trainable {trainable:,} of {total:,} ({100 * trainable / total:.1f} %)",
                     fontsize=FONT_MIN)
     right.legend(fontsize=FONT_MIN, loc="lower right")
-    right.tick_params(axis="x", labelsize=FONT_MIN)
     fig.tight_layout()
     return fig
 
@@ -123,9 +115,7 @@ def plot_finetune_memory(reports: Mapping[str, Mapping]) -> Figure:
     ax.hlines([reports[m]["peak"] / 1e6 for m in methods], [i - 0.38 for i in range(len(methods))],
               [i + 0.38 for i in range(len(methods))], colors="black", lw=2.5,
               label="peak (measured)")
-    ax.set_ylabel("bytes measured (MB)", fontsize=FONT_MIN)
-    ax.set_xlabel("fine-tuning method", fontsize=FONT_MIN)
-    ax.tick_params(labelsize=FONT_MIN)
+    ax.set(ylabel="bytes measured (MB)", xlabel="fine-tuning method")
     ax.legend(fontsize=FONT_MIN, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return fig
@@ -140,18 +130,13 @@ def planner_widget(model: str = "tiny", gpu_memory_gb: float = 80, n_gpus: int =
     press "Plan" to measure (fake tensors) and print the table. ``cache``: measurements to reuse
     (e.g. the dict an earlier :func:`~course_lib.finetuning.planner.plan_finetuning` call filled)."""
     cache = {} if cache is None else cache
-    w_model = widgets.Dropdown(options=_MODELS, value=model, description="model",
-                               style=WIDGET_STYLE)
-    w_mem = widgets.Dropdown(options=[16, 24, 40, 48, 80, 141], value=gpu_memory_gb, description="GPU GB",
-                             style=WIDGET_STYLE)
-    w_gpus = widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=n_gpus, description="GPUs",
-                              style=WIDGET_STYLE)
-    w_seq = widgets.Dropdown(options=[64, 128, 256, 512, 1024, 2048, 4096, 8192], value=seq_len,
-                             description="seq len", style=WIDGET_STYLE)
-    w_mb = widgets.Dropdown(options=[1, 2, 4, 8], value=micro_batch, description="micro-batch",
-                            style=WIDGET_STYLE)
-    w_r = widgets.Dropdown(options=[4, 8, 16, 64], value=r, description="LoRA r",
-                           style=WIDGET_STYLE)
+    choices = {"model": (_MODELS, model), "GPU GB": ([16, 24, 40, 48, 80, 141], gpu_memory_gb),
+               "GPUs": ([1, 2, 4, 8, 16, 32], n_gpus),
+               "seq len": ([64, 128, 256, 512, 1024, 2048, 4096, 8192], seq_len),
+               "micro-batch": ([1, 2, 4, 8], micro_batch), "LoRA r": ([4, 8, 16, 64], r)}
+    w_model, w_mem, w_gpus, w_seq, w_mb, w_r = (
+        widgets.Dropdown(options=options, value=value, description=name, style=WIDGET_STYLE)
+        for name, (options, value) in choices.items())
     button = widgets.Button(description="Plan", button_style="primary")
     out = widgets.Output()
 
@@ -173,6 +158,3 @@ def planner_widget(model: str = "tiny", gpu_memory_gb: float = 80, n_gpus: int =
     _run()
     return box
 
-
-if __name__ == "__main__":  # pragma: no cover - manual check
-    display(planner_widget())

@@ -71,10 +71,6 @@ def _dense_slices(dense: Block, config: GPTConfig, rank: int, t: int) -> dict[st
             "ln2.weight": g["ln2.weight"]}
 
 
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    return grad.to_local() if hasattr(grad, "to_local") else grad
-
-
 @dataclass
 class DenseBlockRun:
     """The reference every implementation is held against: the dense block, its input and
@@ -125,7 +121,8 @@ def tp_report(ref: DenseBlockRun, impl: str, block: torch.nn.Module,
     out, comm_bytes, comm_calls = counted_step(
         lambda: block(xt), lambda out: ((out - ref.target) ** 2).mean().backward())
     names = names or {}
-    local = {names.get(n, n): _local(p.grad) for n, p in block.named_parameters()}
+    local = {names.get(n, n): p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+             for n, p in block.named_parameters()}  # a DTensor gradient: this rank's shard
     expected = _dense_slices(ref.dense, ref.config, rank, t)
     grads = {n: (local[n].detach().clone(), expected[n].clone()) for n in expected}
     batch, seq, h = ref.x.shape

@@ -167,15 +167,12 @@ megatron_block_rank.preimport = _PRELOAD
 
 def compare_megatron(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int = 2, seed: int = 0,
                      compare: tuple[str, ...] = ("hand", "dtensor"), timeout: float = 120.0,
-                     run_report=None) -> list[dict[str, TPReport]]:
+                     run_report=None, *, probe: bool = True) -> list[dict[str, TPReport]]:
     """Run :func:`megatron_block_rank` on ``t`` ranks (one thread each); per rank, a dict
     ``impl -> TPReport``. Bad requests fail here, before any process starts; a megatron-core that
-    cannot be imported, before the ``t`` ranks start (:func:`megatron_status` asks one rank).
-    ``run_report`` (a ``RunReport``) receives the ranks' exit codes."""
-    return _compare(t, config, batch, seed, compare, timeout, run_report, status=True)
-
-
-def _compare(t, config, batch, seed, compare, timeout, run_report, status: bool):
+    cannot be imported, before the ``t`` ranks start (:func:`megatron_status` asks one rank,
+    unless ``probe=False``: the caller has asked). ``run_report`` (a ``RunReport``) receives
+    the ranks' exit codes."""
     config = get_config(config)
     validate_tp_degree(config, t)
     if config.attention != "sdpa":
@@ -183,7 +180,7 @@ def _compare(t, config, batch, seed, compare, timeout, run_report, status: bool)
     unknown = set(compare) - {"hand", "dtensor"}
     if unknown:
         raise ValueError(f"compare may name 'hand' and 'dtensor' only, got {sorted(unknown)}")
-    ok, reason = megatron_status() if status else (True, "")
+    ok, reason = megatron_status() if probe else (True, "")
     if not ok:
         raise RuntimeError(reason)
     return run(megatron_block_rank, t, config, batch, seed, tuple(compare), timeout=timeout, threads=1,
@@ -197,8 +194,7 @@ def tp_with_fallback(t: int = 2, config: GPTConfig | str = TP_CONFIG, batch: int
     fallback, so the chapter still runs where megatron-core cannot)."""
     ok, reason = megatron_status()
     if ok:   # asked once: no second probe inside compare_megatron
-        return ok, reason, _compare(t, config, batch, seed, ("hand", "dtensor"), 120.0, None,
-                                    status=False)
+        return ok, reason, compare_megatron(t, config, batch, seed, probe=False)
     hand, dtensor = (measure_tp(t, impl, config, batch, seed) for impl in ("hand", "dtensor"))
     return ok, reason, [{"hand": h, "dtensor": d} for h, d in zip(hand, dtensor)]
 
@@ -242,11 +238,6 @@ class MegatronLayout:
         return "\n".join(f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows)
 
 
-def _positive(name: str, value: object) -> int:
-    positive_int(value, f"{name}")
-    return value
-
-
 def megatron_layout(world_size: int, tensor_model_parallel_size: int = 1,
                     pipeline_model_parallel_size: int = 1, sequence_parallel: bool = False,
                     micro_batch_size: int | None = None,
@@ -256,9 +247,9 @@ def megatron_layout(world_size: int, tensor_model_parallel_size: int = 1,
     Raises ``ValueError`` when the sizes do not divide, as Megatron-LM refuses to start then.
     ``--sequence-parallel`` needs TP > 1 (Megatron-LM switches it off at TP = 1): an error here.
     """
-    world, tp = _positive("world size", world_size), _positive("--tensor-model-parallel-size",
-                                                                tensor_model_parallel_size)
-    pp = _positive("--pipeline-model-parallel-size", pipeline_model_parallel_size)
+    world = positive_int(world_size, "world size")
+    tp = positive_int(tensor_model_parallel_size, "--tensor-model-parallel-size")
+    pp = positive_int(pipeline_model_parallel_size, "--pipeline-model-parallel-size")
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by --tensor-model-parallel-size "
                          f"{tp} x --pipeline-model-parallel-size {pp} = {tp * pp}: "
@@ -271,8 +262,8 @@ def megatron_layout(world_size: int, tensor_model_parallel_size: int = 1,
     if (micro_batch_size is None) != (global_batch_size is None):
         raise ValueError("give both --micro-batch-size and --global-batch-size, or neither")
     if micro_batch_size is not None:
-        mbs = _positive("--micro-batch-size", micro_batch_size)
-        gbs = _positive("--global-batch-size", global_batch_size)
+        mbs = positive_int(micro_batch_size, "--micro-batch-size")
+        gbs = positive_int(global_batch_size, "--global-batch-size")
         if gbs % (mbs * dp):
             raise ValueError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size "
                              f"{mbs} x data-parallel size {dp} = {mbs * dp}")

@@ -1,9 +1,5 @@
-"""Chapter 4's tensor-parallel explorer and figure: per-rank bytes against the TP degree.
-
-:func:`tp_explorer` (tests call it) runs the whole GPT tensor-parallel on real ranks and returns
-per-rank parameter bytes and bytes all-reduced; :func:`format_tp` prints a row;
-:func:`tp_widget` puts a slider in front; :func:`plot_tp_bytes` draws split against replicated.
-"""
+"""Chapter 4's tensor-parallel explorer and figures: per-rank bytes against the TP degree
+(:func:`tp_explorer` measures them on real ranks), and one block's split weights."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -76,12 +72,10 @@ def plot_tp_bytes(degrees: Sequence[int], split: Sequence[int], replicated: Sequ
     left.bar(labels, [b / 2**20 for b in split], color=_F, label="split linears")
     left.bar(labels, [b / 2**20 for b in replicated], bottom=[b / 2**20 for b in split],
              color=GREY, label="replicated")
-    left.set_xlabel("tensor-parallel degree t")
-    left.set_ylabel("MiB of parameters per rank")
-    left.legend(fontsize=FONT_MIN)
+    left.set(xlabel="tensor-parallel degree t", ylabel="MiB of parameters per rank")
+    left.legend()
     right.bar(labels, [b / 2**20 for b in comm], color=_B)
-    right.set_xlabel("tensor-parallel degree t")
-    right.set_ylabel("MiB all-reduced per step")
+    right.set(xlabel="tensor-parallel degree t", ylabel="MiB all-reduced per step")
     fig.suptitle("Tensor parallelism: memory shrinks as 1/t, traffic does not", fontsize=FONT_MIN + 1)
     fig.tight_layout()
     return fig
