@@ -36,12 +36,17 @@ DEPRECATED = [
     ("deepspeed.census", "census", "course_lib.deepspeed.holdings.holdings"),
     ("deepspeed.census", "split_key_bias", "course_lib.deepspeed.holdings.split_key_bias"),
     ("common.recorded", "_cpu_model", "cpu_model"),
+    ("composition.layouts", "check_layout", "validate_layout"),
+    *[(m, f"DDP_{n}BUCKET_BYTES", f"course_lib.data_parallel.buckets.DDP_{n}BUCKET_BYTES")
+      for m in ("composition.predict", "capstone.predict") for n in ("", "FIRST_")],
+    *[("capstone.predict", n, f"course_lib.composition.predict.{n}") for n in (
+        "predict_rank", "rank_prediction", "rank_work", "step_time", "slowest", "slowest_step",
+        "predict_peak", "root_bytes", "comm_per_step", "collective_seconds", "predict_step_time",
+        "ddp_buckets")],
     ("", "plan", "plan_finetuning"),
     ("", "train_rank", "train_rank_sharded"),
     ("", "wrap", "course_lib.sharding.strategies.wrap"),
 ]
-# not renamed yet: composition/layouts.py belongs to the Layout work of issue 51 (item 1)
-ALIASES = [("composition.layouts", "check_layout", "validate_layout")]
 
 
 def _resolve(module: str, new: str):
@@ -66,12 +71,6 @@ def test_an_old_name_still_works_warns_with_its_new_name_and_is_out_of_all(modul
         got = getattr(mod, old)
     assert got is _resolve(full, new if "." in new else f"{full}.{new}")
     assert old not in getattr(mod, "__all__", ())
-
-
-@pytest.mark.parametrize("module,old,new", ALIASES)
-def test_the_aliases_not_yet_deprecated_are_the_renamed_function(module, old, new):
-    mod = importlib.import_module(f"course_lib.{module}")
-    assert getattr(mod, old) is getattr(mod, new) and getattr(mod, new).__name__ == new
 
 
 def test_the_training_loops_have_one_name_each():

@@ -10,13 +10,14 @@ from __future__ import annotations
 from torch.nn import init as nn_init
 from torch.overrides import TorchFunctionMode
 
+from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPTConfig
 from course_lib.composition.layout import MAX_RANKS, MESH_ORDER, MOE, RUNNABLE, Layout
 from course_lib.sharding.formulas import per_rank_bytes
 from course_lib.tensor_parallel.layers import tp_plan
 
-__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "KNOWN", "RUN_KNOWN", "validate_layout", "check_layout",
-           "tp_shapes", "tp_named_shapes",
+__all__ = ["RUNNABLE", "MAX_RANKS", "MOE", "KNOWN", "RUN_KNOWN", "validate_layout",
+           "tp_shapes", "tp_named_shapes", "stage_shapes",
            "predict_gpt_bytes", "predict_pp_bytes",
            "moe_shapes", "predict_moe_bytes"]
 
@@ -30,7 +31,7 @@ def validate_layout(layout: object, config: GPTConfig) -> Layout:
     return Layout.parse(layout, config)
 
 
-check_layout = validate_layout  # its name before issue 32 (check_* now means a grader)
+__getattr__ = renamed(__name__, {"check_layout": "validate_layout"})  # before issue 32
 
 
 class _ShapesOnly(TorchFunctionMode):
@@ -94,18 +95,22 @@ def predict_gpt_bytes(config: GPTConfig, layout: Layout) -> dict[str, int]:
     return predict_pp_bytes(config, layout, 0)
 
 
-def predict_pp_bytes(config: GPTConfig, layout: Layout, stage: int) -> dict[str, int]:
-    """One rank's model-state bytes in pipeline ``stage`` (without ``pp``: 0, the whole model):
-    its blocks (and the embeddings on the first stage, ``ln_f`` and ``lm_head`` on the last),
-    split over ``tp`` (Megatron's split of the blocks) and FSDP-sharded over ``dp_shard`` (whole
-    under ``"dp"``)."""
-    pp, per = layout.pp, config.n_layer // layout.pp
+def stage_shapes(config: GPTConfig, tp: int, pp: int, stage: int,
+                 vocab_parallel: bool = False) -> list[tuple[int, ...]]:
+    """The parameter shapes of pipeline ``stage`` (of ``pp``) on one tensor-parallel rank:
+    ``ceil(n_layer / pp)`` blocks, the embeddings on the first stage, ``ln_f`` and ``lm_head``
+    on the last (:func:`tp_named_shapes`)."""
+    per, named = -(-config.n_layer // pp), tp_named_shapes(config, tp, vocab_parallel)
+    return [s for n, s in named if (int(n.split(".")[1]) < per if n.startswith("blocks.") else
+                                    stage == (0 if n.startswith(("tok_emb", "pos_emb")) else pp - 1))]
 
-    def where(name: str) -> int:
-        if name.startswith("blocks."):
-            return int(name.split(".")[1]) // per
-        return 0 if name.startswith(("tok_emb", "pos_emb")) else pp - 1
-    shapes = [s for n, s in tp_named_shapes(config, layout.tp) if where(n) == stage]
+
+def predict_pp_bytes(config: GPTConfig, layout: Layout, stage: int,
+                     vocab_parallel: bool = False) -> dict[str, int]:
+    """One rank's model-state bytes in pipeline ``stage`` (without ``pp``: 0, the whole model):
+    its :func:`stage_shapes` under ``tp`` (Megatron's split of the blocks), FSDP-sharded over
+    ``dp_shard`` (whole under ``"dp"``)."""
+    shapes = stage_shapes(config, layout.tp, layout.pp, stage, vocab_parallel)
     return _states(per_rank_bytes(shapes, "fsdp", layout.dp_shard)[0])
 
 

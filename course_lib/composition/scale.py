@@ -11,14 +11,14 @@ course's; the papers' mixed-precision recipes differ in detail).
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 
 from course_lib.common.models import GPTConfig, param_count
 from course_lib.composition.layout import Layout
-from course_lib.composition.layouts import KNOWN, tp_named_shapes
-from course_lib.sharding.formulas import per_rank_bytes
+from course_lib.composition.layouts import KNOWN, predict_pp_bytes
+from course_lib.composition.records import Record
 
-__all__ = ["SCALE_PRESETS", "LLAMA3_405B", "at_scale", "scale_table"]
+__all__ = ["SCALE_PRESETS", "LLAMA3_405B", "AtScale", "at_scale", "scale_table"]
 
 #: the course's GPT (4h GELU MLP, full multi-head attention) at the depth and width of large
 #: models: Llama 2 7B/70B and Llama 3 405B have 32/80/126 layers of width 4096/8192/16384
@@ -33,23 +33,23 @@ SCALE_PRESETS = {
 LLAMA3_405B = {"tp": 8, "pp": 16, "dp_shard": 128}
 
 
-def at_scale(model: str | GPTConfig, layout: Layout | dict, vocab_parallel: bool = True) -> dict:
+@dataclasses.dataclass
+class AtScale(Record):
+    """:func:`at_scale`'s answer: parameters, GPUs, model-state bytes of the fullest GPU."""
+    params: int
+    gpus: int
+    per_gpu_bytes: int
+
+
+def at_scale(model: str | GPTConfig, layout: Layout | dict, vocab_parallel: bool = True) -> AtScale:
     """Per-GPU model-state bytes of ``model`` under ``layout`` (dims tp, pp, dp_shard,
     dp_replicate, cp). ``dp_replicate`` copies the model states; ``cp`` is counted as copying
     them too (torchtitan instead shards FSDP over dp_shard × cp together)."""
     config = SCALE_PRESETS[model] if isinstance(model, str) else model
     layout = Layout.parse(layout, config, ranks=None, dims=KNOWN)  # any size, no run here
-    tp, pp, dp = layout.tp, layout.pp, layout.dp_shard
-    stage = config.replace(n_layer=math.ceil(config.n_layer / pp))
-    named = tp_named_shapes(stage, tp, vocab_parallel and tp > 1)
-    if pp == 1:
-        stages = [[s for _, s in named]]
-    else:  # first stage: embeddings + blocks; last stage: blocks + ln_f + lm_head
-        stages = [[s for n, s in named if not n.startswith(("ln_f", "lm_head"))],
-                  [s for n, s in named if not n.startswith(("tok_emb", "pos_emb"))]]
-    per_gpu = max(per_rank_bytes(shapes, "fsdp", dp)[0]["model_states"] for shapes in stages)
-    return {"params": param_count(config), "gpus": layout.world,
-            "per_gpu_bytes": per_gpu}
+    per_gpu = max(predict_pp_bytes(config, layout, stage, vocab_parallel and layout.tp > 1)
+                  ["model_states"] for stage in {0, layout.pp - 1})  # the first, the last stage
+    return AtScale(param_count(config), layout.world, per_gpu)
 
 
 def scale_table(layouts: dict[str, tuple[str, dict[str, int]]]) -> str:
@@ -57,6 +57,6 @@ def scale_table(layouts: dict[str, tuple[str, dict[str, int]]]) -> str:
     lines = [f"{'':28} {'params':>8} {'GPUs':>6} {'model states/GPU':>17}"]
     for label, (model, layout) in layouts.items():
         r = at_scale(model, layout)
-        lines.append(f"{label:28} {r['params'] / 1e9:7.1f}B {r['gpus']:6d} "
-                     f"{r['per_gpu_bytes'] / 2**30:13.1f} GiB")
+        lines.append(f"{label:28} {r.params / 1e9:7.1f}B {r.gpus:6d} "
+                     f"{r.per_gpu_bytes / 2**30:13.1f} GiB")
     return "\n".join(lines)

@@ -161,10 +161,10 @@ def layout_line(model: str, tp: int, pp: int, dp_shard: int, gpu_gb: int = 80) -
         r = at_scale(model, Layout(tp=tp, pp=pp, dp_shard=dp_shard))
     except ValueError as err:
         return f"{model}: {err}"
-    need = r["per_gpu_bytes"]
+    need = r.per_gpu_bytes
     verdict = "fits" if need < gpu_gb * 1e9 else "does not fit"
-    return (f"{model}-class GPT ({r['params'] / 1e9:.1f}B parameters) on TP {tp} x PP {pp} x FSDP {dp_shard}"
-            f" = {r['gpus']:,} GPUs: model states {need / 2**30:.1f} GiB per GPU"
+    return (f"{model}-class GPT ({r.params / 1e9:.1f}B parameters) on TP {tp} x PP {pp} x FSDP {dp_shard}"
+            f" = {r.gpus:,} GPUs: model states {need / 2**30:.1f} GiB per GPU"
             f" — {verdict} in {gpu_gb} GB (activations come on top)")
 
 
@@ -176,7 +176,7 @@ def layout_widget():
         print(layout_line(model, tp, pp, dp_shard))
 
     one = {"tp": 1, "pp": 1, "dp_shard": 1}
-    labels = [(f"{name}-class: {at_scale(name, one)['params'] / 1e9:.1f}B (this course's GPT at that"
+    labels = [(f"{name}-class: {at_scale(name, one).params / 1e9:.1f}B (this course's GPT at that"
                f" model's depth and width)", name) for name in SCALE_PRESETS]
     return widgets.interactive(
         show, model=widgets.Dropdown(options=labels, value="405B",

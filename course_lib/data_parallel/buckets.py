@@ -20,7 +20,10 @@ from torch import nn
 
 from course_lib.data_parallel.by_hand import broadcast_parameters
 
-__all__ = ["make_buckets", "DDPByHand"]
+__all__ = ["make_buckets", "ddp_buckets", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DDPByHand"]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
+DDP_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES if dist.is_available() else 2**20  # 1 MiB
 
 
 def make_buckets(params, cap_bytes):
@@ -35,6 +38,12 @@ def make_buckets(params, cap_bytes):
     if current:                              # the first parameters' bucket: flush it too
         buckets.append(current)
     return buckets
+
+
+def ddp_buckets(grad_bytes: int) -> int:
+    """All-reduces torch's DDP makes per step once it has rebuilt its buckets (from the second
+    step on; the first puts every gradient in one): a first bucket of 1 MiB, then 25 MiB ones."""
+    return 1 + -(-max(0, grad_bytes - DDP_FIRST_BUCKET_BYTES) // DDP_BUCKET_BYTES)
 
 
 class DDPByHand(nn.Module):

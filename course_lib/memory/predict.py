@@ -9,7 +9,7 @@ B/param (ZeRO's fp16 2 + 2 + 12 is 16 too; :func:`playbook_table`: the Ultra-Sca
 CPU; :func:`korthikanti_bytes` is Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` for
 comparison; ``recompute="selective"`` drops the attention core's saved tensors, ``"full"`` keeps
 only each block's input. **Peak** (:func:`peak_bytes`): the largest of the moments every step
-passes through. Derivations: chapter 1.
+passes through (:func:`part_peak_bytes`: on one rank's part of the model). Derivations: chapter 1.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from course_lib.common.training import OPTIMIZERS, STATES_PER_PARAM, validate_op
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "RULE_BYTES_PER_PARAM", "validate", "bytes_per_param",
            "model_state_bytes", "gpt_param_tensors", "model_state_bytes_for", "inference_bytes",
-           "activation_terms", "activation_bytes", "korthikanti_bytes", "batch_bytes",
-           "peak_bytes", "predict_step", "MIXED", "ALL_PRECISIONS", "PLAYBOOK_SIZES", "playbook_table"]
+           "activation_terms", "activation_bytes", "korthikanti_bytes", "batch_bytes", "root_bytes",
+           "peak_bytes", "part_peak_bytes", "predict_step", "MIXED", "ALL_PRECISIONS",
+           "PLAYBOOK_SIZES", "playbook_table"]
 
 #: Precisions where grads and optimizer states take the weights' dtype (any optimizer).
 PRECISIONS = ("fp32", "amp", "bf16")
@@ -177,6 +178,38 @@ def korthikanti_bytes(config: GPTConfig | str, batch_size: int, seq_len: int) ->
     c = get_config(config)
     sbh = seq_len * batch_size * c.d_model
     return c.n_layer * (34 * sbh + 5 * c.n_head * seq_len * seq_len * batch_size)
+
+
+def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
+    """fp32 bytes of the parameters outside the blocks that pipeline ``stage`` of ``pp`` holds
+    (``None``: all): the embeddings on the first, the final LayerNorm and the head on the last."""
+    h, v, first, last = config.d_model, config.vocab_size, stage in (None, 0), stage in (None, pp - 1)
+    emb = v * h + config.seq_len * h if first else 0
+    head = 2 * h + (0 if config.tie_weights and first else v * h) + (v if config.bias else 0)
+    return FP32 * (emb + (head if last else 0))
+
+
+def part_peak_bytes(config: GPTConfig, batch_size: int, states: dict, *, tp: int = 1,
+                    blocks: int | None = None, first: bool = True, last: bool = True,
+                    extra: int = 0, kept_grads: bool = False) -> int:
+    """:func:`peak_bytes`'s two moments (fp32 Adam) on a rank holding part of ``GPT(config)``:
+    ``blocks`` blocks, the embeddings if ``first``, the head if ``last``; ``states`` its
+    ``params``/``grads``/``optimizer`` bytes. ``tp`` splits what a block saves inside attention
+    and the MLP (chapter 04). A part before the last holds its output and the buffer its gradient
+    comes back in; its largest backward temporary is the MLP's hidden-layer gradient. ``extra``:
+    bytes alive through backward (FSDP2's gathered root); ``kept_grads``: DDP's flat buckets."""
+    b, s, h = batch_size, config.seq_len, config.d_model
+    terms, bsh = activation_terms(config, b, s), FP32 * b * s * h
+    inner = 12 * bsh + FP32 * b * config.n_head * s  # qkv, attention out, fc, GELU; log-sum-exp
+    layer = terms["blocks"] // config.n_layer - (inner - inner // tp)
+    acts = (config.n_layer if blocks is None else blocks) * layer + (terms["positions"] if first else 0)
+    if last:  # the head's activations; the log-softmax's and the logits' gradients
+        acts += terms["final_norm"] + terms["logits"] + terms["loss"]
+        temps = 2 * FP32 * b * s * config.vocab_size
+    else:  # the output it holds and the buffer its gradient arrives in
+        acts, temps = acts + 2 * bsh, 4 * bsh // tp
+    fixed = states["params"] + states["optimizer"] + batch_bytes(b, s) + kept_grads * states["grads"]
+    return max(fixed + acts + temps + extra, fixed + states["grads"])
 
 
 def batch_bytes(batch_size: int, seq_len: int) -> int:

@@ -78,7 +78,7 @@ def test_step_prediction_is_built_from_the_machine_constants(runs):
 
 
 def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes():
-    from course_lib.capstone.predict import collective_seconds, comm_per_step, root_bytes
+    from course_lib.composition.predict import collective_seconds, comm_per_step, root_bytes
     from course_lib.common.models import get_config
     from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
     from course_lib.composition.layouts import predict_gpt_bytes
@@ -135,7 +135,7 @@ def test_the_calls_the_predictor_counts_are_the_calls_torch_makes(layout, preset
     """DDP's first bucket closes at 1 MiB; FSDP2 gathers each block twice and the root once; the
     pipeline sends the activation, its gradient and the loss: the counts torch really makes."""
     from course_lib import run
-    from course_lib.capstone.predict import comm_per_step
+    from course_lib.composition.predict import comm_per_step
     from course_lib.common.models import get_config
     from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes
     c = get_config(preset)
@@ -156,7 +156,7 @@ def test_the_calls_the_predictor_counts_are_the_calls_torch_makes(layout, preset
 def test_ddps_first_bucket_is_torchs():
     import torch.distributed as dist
 
-    from course_lib.capstone.predict import DDP_FIRST_BUCKET_BYTES, ddp_buckets
+    from course_lib.data_parallel.buckets import DDP_FIRST_BUCKET_BYTES, ddp_buckets
     assert DDP_FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
     assert [ddp_buckets(n) for n in (1, 2**20, 2**20 + 1, 26 * 2**20, 26 * 2**20 + 1)] == \
         [1, 1, 2, 2, 3]

@@ -54,17 +54,29 @@ def test_two_d_prediction_is_chapter_3_formula_divided_by_tp():
     fsdp2 = per_rank_bytes(param_shapes(config), "fsdp", 2)[0]["params"]
     both = predict_gpt_bytes(config, Layout(dp_shard=2, tp=2))["params"]
     assert both < fsdp2 and predict_gpt_bytes(config, Layout(dp_shard=2))["params"] == fsdp2
-    assert at_scale(config, {"dp_shard": 2, "tp": 2}, vocab_parallel=False)["per_gpu_bytes"] == \
+    assert at_scale(config, {"dp_shard": 2, "tp": 2}, vocab_parallel=False).per_gpu_bytes == \
         predict_gpt_bytes(config, Layout(dp_shard=2, tp=2))["model_states"]
+
+
+def test_the_stages_shapes_are_the_models_shapes_split():
+    from course_lib.composition.layouts import stage_shapes, tp_shapes
+    config = get_config("tiny")
+    whole = sorted(param_shapes(config))
+    assert sorted(stage_shapes(config, 1, 1, 0)) == whole
+    assert sorted(stage_shapes(config, 1, 2, 0) + stage_shapes(config, 1, 2, 1)) == whole
+    assert sorted(stage_shapes(config, 2, 1, 0)) == sorted(tp_shapes(config, 2))
 
 
 def test_llama3_405b_layout_is_about_16_bytes_per_param_over_all_gpus():
     r = at_scale("405B", LLAMA3_405B)
-    assert r["gpus"] == 16384 and 400e9 < r["params"] < 420e9
-    even = 16 * r["params"] / r["gpus"]
-    assert even < r["per_gpu_bytes"] < 1.2 * even  # a stage holds 8 of 126 layers, not 126/16
-    no_fsdp = at_scale("405B", {"tp": 8, "pp": 16})["per_gpu_bytes"]
-    assert no_fsdp == pytest.approx(128 * r["per_gpu_bytes"], rel=1e-3)
+    assert r.gpus == 16384 and 400e9 < r.params < 420e9
+    even = 16 * r.params / r.gpus
+    assert even < r.per_gpu_bytes < 1.2 * even  # a stage holds 8 of 126 layers, not 126/16
+    no_fsdp = at_scale("405B", {"tp": 8, "pp": 16}).per_gpu_bytes
+    assert no_fsdp == pytest.approx(128 * r.per_gpu_bytes, rel=1e-3)
+    with pytest.warns(DeprecationWarning, match=r"AtScale\['gpus'\] is deprecated; read the "
+                                                r"attribute \.gpus"):
+        assert r["gpus"] == r.gpus  # the old key, one release
     with pytest.raises(ValueError, match="mesh dimension 'dp' is not one this run takes"):
         at_scale("7B", {"dp": 8})
 

@@ -72,6 +72,17 @@ def test_activations_grow_linearly_with_sdpa_and_quadratically_with_explicit():
     assert quad[2] - quad[1] > 2 * (quad[1] - quad[0])
 
 
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_the_whole_model_as_one_part_has_the_models_peak(name):
+    config = PRESETS[name]
+    states = predict.model_state_bytes_for(config)
+    for batch in (1, 4):
+        assert predict.part_peak_bytes(config, batch, states) == \
+            predict.peak_bytes(config, batch, config.seq_len)
+    half = predict.part_peak_bytes(config, 4, states, tp=2)  # tp splits what a block saves
+    assert half < predict.part_peak_bytes(config, 4, states)
+
+
 def test_peak_prediction_picks_the_larger_moment():
     small = predict.predict_step("small", 4, 128)
     assert small["peak"] == small["params"] + small["optimizer"] + small["activations"] \
