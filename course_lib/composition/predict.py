@@ -52,7 +52,7 @@ def rank_prediction(config: GPTConfig, layout: Layout, batch_size: int, rank: in
                      ddp_buckets(states["grads"])))
     gathered = root_bytes(config, stage, pp) if layout.dp_shard > 1 else 0  # FSDP2's root
     if layout.dp_shard > 1:  # each block gathered in forward and in backward, the root once
-        full, p, root = states["params"] * layout.dp_shard, layout.dp_shard, root_bytes(config, 0, pp)
+        full, p, root = states["params"] * layout.dp_shard, layout.dp_shard, gathered
         comm += [("FSDP2's parameter all-gathers", "all_gather", 2 * full - root, p, 2 * layers + 1),
                  ("FSDP2's gradient reduce-scatters", "reduce_scatter", full, p, layers + 1)]
     if layout.tp > 1:  # attention and MLP outputs forward, their input gradients backward

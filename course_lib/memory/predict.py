@@ -185,7 +185,7 @@ def root_bytes(config: GPTConfig, stage: int | None = None, pp: int = 1) -> int:
     (``None``: all): the embeddings on the first, the final LayerNorm and the head on the last."""
     h, v, first, last = config.d_model, config.vocab_size, stage in (None, 0), stage in (None, pp - 1)
     emb = v * h + config.seq_len * h if first else 0
-    head = 2 * h + (0 if config.tie_weights and first else v * h) + (v if config.bias else 0)
+    head = (1 + config.bias) * h + (0 if config.tie_weights and first else v * h)  # ln_f, lm_head
     return FP32 * (emb + (head if last else 0))
 
 

@@ -91,3 +91,19 @@ def test_peak_prediction_picks_the_larger_moment():
     assert big["temporaries"] == 0
     assert big["peak"] == big["params"] + big["grads"] + big["optimizer"] + big["inputs"]
     assert torch.tensor(big["model_states"]) / big["params"] * 4 == pytest.approx(16, rel=1e-6)
+
+
+@pytest.mark.parametrize("bias,tie", [(True, False), (False, False), (True, True), (False, True)])
+def test_root_bytes_are_the_gpt_parameters_outside_its_blocks(bias, tie):
+    """Counted on the model itself: the embeddings (first stage), ``ln_f`` and ``lm_head``
+    (last stage; ``lm_head`` has no bias; a tied head is the embedding's own tensor)."""
+    from dataclasses import replace
+    config = replace(PRESETS["tiny"], bias=bias, tie_weights=tie)
+    outside = [(n, p.numel()) for n, p in GPT(config).named_parameters()
+               if not n.startswith("blocks.")]
+    first = sum(k for n, k in outside if n.startswith(("tok_emb", "pos_emb")))
+    last = sum(k for n, k in outside if n.startswith(("ln_f", "lm_head")))
+    assert predict.root_bytes(config) == 4 * (first + last)
+    assert predict.root_bytes(config, 0, 2) == 4 * first
+    if not tie:  # a tied head's last stage keeps its own copy of the embedding
+        assert predict.root_bytes(config, 1, 2) == 4 * last
