@@ -22,6 +22,7 @@ import torch.distributed as dist
 from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
+from course_lib.memory.report import byte_unit
 
 __all__ = ["COLLECTIVES", "MORE_COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
            "bench_rank", "memcopy_bandwidth", "format_table", "size_label", "power_sizes",
@@ -68,11 +69,9 @@ class CollectiveResult:
 
 def size_label(nbytes: int) -> str:
     """``1048576`` -> ``'1 MiB'``: the power-of-two unit that keeps the number small."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            value = nbytes / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{nbytes} B"
+    unit, scale = byte_unit(nbytes)
+    value = nbytes / scale
+    return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
 
 
 def power_sizes(smallest: int = 2**10, largest: int = 2**28, step: int = 4) -> list[int]:

@@ -18,28 +18,19 @@ from matplotlib.figure import Figure
 
 from course_lib.common.models import get_config, param_count
 from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN, PALETTE, WIDGET_STYLE
-from course_lib.memory.report import MemoryReport, format_bytes
-from course_lib.sharding.formulas import (NAMES_IN_THE_WILD, comm_bytes, param_shapes,
-                                          per_rank_bytes)
+from course_lib.memory.report import MemoryReport, byte_unit, format_bytes
+from course_lib.sharding.formulas import comm_bytes, param_shapes, per_rank_bytes
 from course_lib.sharding.measure import measure_distributed
 from course_lib.sharding.strategies import DIST_PRECISIONS, STRATEGIES
 from course_lib.common.plots import legible
 
 __all__ = ["PARTS", "plot_ranks", "plot_strategies", "plot_comm", "format_memory_vs_world",
            "sharding_explorer", "show_sharding_explorer", "sharding_widget", "per_rank_table",
-           "load_fake_7b", "fit_table", "names_markdown", "FAKE_7B_PATH"]
+           "load_fake_7b", "fit_table", "FAKE_7B_PATH"]
 
 #: What the bars stack, bottom to top, with colours.
 PARTS = {"params": COLORS["params"], "unsharded_params": PALETTE[4], "grads": COLORS["grads"],
          "optimizer": COLORS["optimizer"]}
-_MIB = 2**20
-
-
-def _scale(max_bytes: float) -> tuple[str, float]:
-    for unit, size in (("GiB", 2**30), ("MiB", _MIB), ("KiB", 2**10)):
-        if max_bytes >= size:
-            return unit, size
-    return "B", 1
 
 
 def _bar(ax, x: float, row: Mapping[str, int], scale: float, width: float, hatched: bool,
@@ -76,7 +67,7 @@ def plot_ranks(reports: Sequence[Mapping[str, int]], formula: Sequence[Mapping[s
     """
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     top = max(sum(r.get(p, 0) for p in PARTS) for r in list(reports) + list(formula))
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for rank, (measured, predicted) in enumerate(zip(reports, formula)):
         _bar(ax, rank - 0.2, measured, scale, 0.38, False, moment)
         _bar(ax, rank + 0.2, predicted, scale, 0.38, True, moment)
@@ -97,7 +88,7 @@ def plot_strategies(results: Mapping[str, Sequence[Mapping[str, int]]],
     names = list(results)
     top = max(sum(r[rank].get(p, 0) for p in PARTS) for r in list(results.values())
               + list(formulas.values()))
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for ax, moment, label in ((axes[0], "steady", "after the step"),
                               (axes[1], "fwd", "end of forward")):
         for i, name in enumerate(names):
@@ -118,7 +109,7 @@ def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed 
                "broadcast": PALETTE[6]}
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.0), dpi=DPI)
     top = max([sum(c.values()) for c in comm.values()] + [1])
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for i, (name, by_type) in enumerate(comm.items()):
         bottom = 0.0
         for kind, colour in colours.items():
@@ -218,15 +209,6 @@ def fit_table(rows: list[dict], gpu_bytes: float = 80e9) -> str:
         lines.append(f"{r['strategy']:<9}{r['precision']:<10}{b['model_states'] / 1e9:>8.1f} GB"
                      f"{b['model_states_fwd'] / 1e9:>8.1f} GB{b['peak'] / 1e9:>8.1f} GB  {fits}")
     return "\n".join(lines)
-
-
-def names_markdown() -> str:
-    """:data:`course_lib.sharding.formulas.NAMES_IN_THE_WILD` as a markdown table."""
-    cols = list(NAMES_IN_THE_WILD[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(f"`{row[c]}`" if c in ("course", "DeepSpeed") else row[c]
-                              for c in cols) + " |" for row in NAMES_IN_THE_WILD]
-    return "\n".join(out)
 
 
 def format_memory_vs_world(per_world: Mapping[int, Mapping[str, int]]) -> str:
