@@ -65,18 +65,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str], port: int,
-                      addrs: tuple[str, str] = ("127.0.0.1", "127.0.0.1")) -> list[list[str]]:
-    """The torchrun argv of node 0 and node 1; node 0 (at ``addrs[0]``) hosts the rendezvous."""
+def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str],
+                      port: int) -> list[list[str]]:
+    """The torchrun argv of node 0 and node 1 on 127.0.0.1; node 0 hosts the rendezvous."""
     commands = []
-    for node, addr in enumerate(addrs):
+    for node in range(2):
         cmd = torchrun_command(script, nprocs_per_node, args, nnodes=2, node_rank=node,
-                               endpoint=f"{addrs[0]}:{port}")
-        at = cmd.index(script)
-        extra = [f"--rdzv-conf=is_host={int(node == 0)}"]  # who hosts the store, explicitly
-        if addr != "127.0.0.1":
-            extra.append(f"--local-addr={addr}")
-        commands.append(cmd[:at] + extra + cmd[at:])
+                               endpoint=f"127.0.0.1:{port}")
+        at, host = cmd.index(script), f"--rdzv-conf=is_host={int(node == 0)}"  # said explicitly
+        commands.append(cmd[:at] + [host] + cmd[at:])
     return commands
 
 

@@ -33,24 +33,27 @@ PARTS = {"params": COLORS["params"], "unsharded_params": PALETTE[4], "grads": CO
          "optimizer": COLORS["optimizer"]}
 
 
-def _bar(ax, x: float, row: Mapping[str, int], scale: float, width: float, hatched: bool,
-         moment: str) -> None:
-    bottom = 0.0
-    for part, colour in PARTS.items():
-        if part == "unsharded_params" and moment == "steady":
-            continue
-        if part == "grads" and moment == "fwd":
-            continue
-        value = row.get(part, 0) / scale
-        ax.bar(x, value, width, bottom=bottom, color=colour, alpha=0.55 if hatched else 1.0,
-               hatch="//" if hatched else None, edgecolor="white" if not hatched else "k",
-               linewidth=0.4)
-        bottom += value
+def _parts(moment: str) -> list[str]:
+    """What is alive at ``moment``: no gathered parameters after the step, no grads in forward."""
+    return [p for p in PARTS if (p, moment) not in (("unsharded_params", "steady"),
+                                                    ("grads", "fwd"))]
+
+
+def _bars(ax, x: float, measured: Mapping[str, int], formula: Mapping[str, int], scale: float,
+          moment: str) -> None:
+    """Two stacked bars at ``x``: measured (solid, left) and the formula (hatched, right)."""
+    for dx, row, hatched in ((-0.2, measured, False), (0.2, formula, True)):
+        bottom = 0.0
+        for part in _parts(moment):
+            value = row.get(part, 0) / scale
+            ax.bar(x + dx, value, 0.38, bottom=bottom, color=PARTS[part],
+                   alpha=0.55 if hatched else 1.0, hatch="//" if hatched else None,
+                   edgecolor="white" if not hatched else "k", linewidth=0.4)
+            bottom += value
 
 
 def _legend(ax, moment: str) -> None:
-    shown = [p for p in PARTS if not (p == "unsharded_params" and moment == "steady")
-             and not (p == "grads" and moment == "fwd")]
+    shown = _parts(moment)
     handles = [plt.Rectangle((0, 0), 1, 1, color=PARTS[p]) for p in shown]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="k", hatch="//"))
     ax.legend(handles, shown + ["formula"], fontsize=FONT_MIN, ncol=2, loc="upper center",  # below
@@ -69,8 +72,7 @@ def plot_ranks(reports: Sequence[Mapping[str, int]], formula: Sequence[Mapping[s
     top = max(sum(r.get(p, 0) for p in PARTS) for r in list(reports) + list(formula))
     unit, scale = byte_unit(top)
     for rank, (measured, predicted) in enumerate(zip(reports, formula)):
-        _bar(ax, rank - 0.2, measured, scale, 0.38, False, moment)
-        _bar(ax, rank + 0.2, predicted, scale, 0.38, True, moment)
+        _bars(ax, rank, measured, predicted, scale, moment)
     ax.set_xticks(range(len(reports)), [f"rank {r}" for r in range(len(reports))])
     ax.set_ylabel(unit)
     ax.set_title(title, fontsize=FONT_MIN + 1)
@@ -92,8 +94,7 @@ def plot_strategies(results: Mapping[str, Sequence[Mapping[str, int]]],
     for ax, moment, label in ((axes[0], "steady", "after the step"),
                               (axes[1], "fwd", "end of forward")):
         for i, name in enumerate(names):
-            _bar(ax, i - 0.2, results[name][rank], scale, 0.38, False, moment)
-            _bar(ax, i + 0.2, formulas[name][rank], scale, 0.38, True, moment)
+            _bars(ax, i, results[name][rank], formulas[name][rank], scale, moment)
         ax.set_xticks(range(len(names)), names)
         ax.set_title(f"{title}:\n{label}", fontsize=FONT_MIN)
         _legend(ax, moment)
