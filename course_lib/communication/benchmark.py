@@ -111,8 +111,6 @@ def bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | No
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     results = []
     for name in collectives:
         for size in sizes:
@@ -123,8 +121,8 @@ def bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | No
             part = torch.ones(count // world, device=device)
             received = torch.empty_like(full) if name == "all_to_all" else None
             op = {"all_reduce": lambda: dist.all_reduce(full),
-                  "all_gather": lambda: gather(full, part),
-                  "reduce_scatter": lambda: scatter(part, full),
+                  "all_gather": lambda: dist.all_gather_single(full, part),
+                  "reduce_scatter": lambda: dist.reduce_scatter_single(part, full),
                   "broadcast": lambda: dist.broadcast(full, src=0),
                   "reduce": lambda: dist.reduce(full, dst=0),
                   "all_to_all": lambda: dist.all_to_all_single(received, full)}[name]

@@ -162,8 +162,6 @@ def per_rank_table(reports: list[MemoryReport], formula: list[dict], keys=_KEYS)
 def show_sharding_explorer(strategy: str = "fsdp", nprocs: int = 2, preset: str = "tiny",
                            precision: str = "fp32") -> None:
     """Print and draw :func:`sharding_explorer` (errors are printed, not raised)."""
-    import matplotlib.pyplot as plt
-
     try:
         out = sharding_explorer(strategy, nprocs, preset, precision)
     except (ValueError, MemoryError) as err:
