@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from course_lib.common.checks import is_int
+from course_lib.common.checks import positive_int
 from course_lib.launcher import devices, netns
 from course_lib.launcher.launch import server_paused
 from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK_RISK,
@@ -124,9 +124,7 @@ def _check(procs: list[subprocess.Popen], outputs: list[str], what: str) -> None
 
 
 def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
-    if not is_int(nprocs_per_node) \
-            or nprocs_per_node < 1:
-        raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
+    positive_int(nprocs_per_node, "nprocs_per_node")
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
     devices.validate_timeout(timeout)

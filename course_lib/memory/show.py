@@ -143,8 +143,7 @@ def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xlabel("bytes per parameter (one square = 1 byte, measured)", fontsize=FONT_MIN + 1)
     ax.set_xticks([])
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "bottom"]].set_visible(False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in keys]
     ax.legend(handles, keys, fontsize=FONT_MIN, ncol=len(keys), loc="lower center",
               bbox_to_anchor=(0.5, 1.0), frameon=False)
