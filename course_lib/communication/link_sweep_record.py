@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Sequence
 
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
-                                                 availability, link_sweep, rows_to_dicts)
+                                                 availability, link_sweep)
 
 __all__ = ["RECORDED_PATH", "RECORD_RATES", "Recorded", "record", "load_recorded",
            "live_or_recorded", "verdicts", "BYTES_TOLERANCE"]
@@ -49,7 +49,7 @@ def record(path: str | Path = RECORDED_PATH, rates: Sequence[float] = RECORD_RAT
     meta = {**machine_meta("python -m course_lib.communication.link_sweep_record --out "
                            f"data/link_sweep.json --rates {' '.join(f'{r:g}' for r in rates)} "
                            f"--steps {steps}"), "mode": availability()[0]}
-    Path(path).write_text(json.dumps({"meta": meta, "rows": rows_to_dicts(rows)}, indent=1) + "\n")
+    Path(path).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
 
 
