@@ -9,50 +9,15 @@ namespaces work, on a machine with 2 free cores, from the repository root:
 """
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
 import sys
-from pathlib import Path
 
-import torch
-
-from course_lib.common import machine
-from course_lib.common.recorded import SPEED_PATH, cpu_model
+from course_lib.common.recorded import machine_meta, save_record
 from course_lib.communication.scaling_link import (format_scaling_link, scaling_over_link,
                                                     scaling_verdict)
 from course_lib.data_parallel.overlap import measure_overlap, overlap_verdict
 from course_lib.pipeline_parallel.bubble import measure_bubble_sweep, sweep_record
 from course_lib.pipeline_parallel.torch_schedules import (measure_torch_schedules, order_record,
                                                           order_verdict)
-
-
-def _priority() -> int:
-    """This process's nice value, plus its scheduler autogroup's (Linux: sessions are weighed
-    against each other by the autogroup's nice, tasks inside one by their own)."""
-    try:
-        with open("/proc/self/autogroup") as f:
-            group = int(f.read().split("nice")[1])
-    except (OSError, IndexError, ValueError):
-        group = 0
-    return os.nice(0) + group
-
-
-def machine_meta(command: str) -> dict:
-    """Where and when a record was made, and the command that makes it again."""
-    return {"cpu": cpu_model(), "cores": machine.usable_cores(), "torch": torch.__version__,
-            "python": platform.python_version(), "kernel": platform.release(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_1min": round(os.getloadavg()[0], 1), "nice": _priority(), "command": command}
-
-
-def save_record(name: str, value, meta: dict, path: str | Path = SPEED_PATH) -> None:
-    """Store ``value`` (plain JSON data) as experiment ``name`` with ``meta``; others are kept."""
-    path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[name] = {"meta": meta, "value": value}
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def main(which: list[str]) -> None:

@@ -10,7 +10,9 @@ the fields its chapter reads is refused with the field named.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Callable, Iterable
@@ -18,7 +20,8 @@ from typing import Callable, Iterable
 from course_lib.common import machine
 from course_lib.common.deprecation import renamed
 
-__all__ = ["SPEED_PATH", "cpu_model", "load_record", "live_or_recorded"]
+__all__ = ["SPEED_PATH", "cpu_model", "machine_meta", "save_record", "load_record",
+           "live_or_recorded"]
 
 SPEED_PATH = Path(__file__).resolve().parents[2] / "data" / "speed_lessons.json"
 
@@ -30,6 +33,35 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def _priority() -> int:
+    """This process's nice value, plus its scheduler autogroup's (Linux: sessions are weighed
+    against each other by the autogroup's nice, tasks inside one by their own)."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            group = int(f.read().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        group = 0
+    return os.nice(0) + group
+
+
+def machine_meta(command: str) -> dict:
+    """Where and when a record was made, and the command that makes it again."""
+    import torch  # here: a record is made by benchmarks, not on the way to every import
+
+    return {"cpu": cpu_model(), "cores": machine.usable_cores(), "torch": torch.__version__,
+            "python": platform.python_version(), "kernel": platform.release(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_1min": round(os.getloadavg()[0], 1), "nice": _priority(), "command": command}
+
+
+def save_record(name: str, value, meta: dict, path: str | Path = SPEED_PATH) -> None:
+    """Store ``value`` (plain JSON data) as experiment ``name`` with ``meta``; others are kept."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = {"meta": meta, "value": value}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def load_record(name: str, fields: Iterable[str], path: str | Path = SPEED_PATH):

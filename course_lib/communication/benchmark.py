@@ -22,6 +22,7 @@ import torch.distributed as dist
 from course_lib.common.checks import is_int
 from course_lib.launcher import devices
 from course_lib.launcher.launch import run
+from course_lib.memory.report import byte_unit
 
 __all__ = ["COLLECTIVES", "MORE_COLLECTIVES", "CollectiveResult", "busbw_factor", "benchmark_collectives",
            "bench_rank", "memcopy_bandwidth", "format_table", "size_label", "power_sizes",
@@ -68,11 +69,9 @@ class CollectiveResult:
 
 def size_label(nbytes: int) -> str:
     """``1048576`` -> ``'1 MiB'``: the power-of-two unit that keeps the number small."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            value = nbytes / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{nbytes} B"
+    unit, scale = byte_unit(nbytes)
+    value = nbytes / scale
+    return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
 
 
 def power_sizes(smallest: int = 2**10, largest: int = 2**28, step: int = 4) -> list[int]:
@@ -112,8 +111,6 @@ def bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | No
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     results = []
     for name in collectives:
         for size in sizes:
@@ -124,8 +121,8 @@ def bench_rank(collectives: Sequence[str], sizes: Sequence[int], iters: int | No
             part = torch.ones(count // world, device=device)
             received = torch.empty_like(full) if name == "all_to_all" else None
             op = {"all_reduce": lambda: dist.all_reduce(full),
-                  "all_gather": lambda: gather(full, part),
-                  "reduce_scatter": lambda: scatter(part, full),
+                  "all_gather": lambda: dist.all_gather_single(full, part),
+                  "reduce_scatter": lambda: dist.reduce_scatter_single(part, full),
                   "broadcast": lambda: dist.broadcast(full, src=0),
                   "reduce": lambda: dist.reduce(full, dst=0),
                   "all_to_all": lambda: dist.all_to_all_single(received, full)}[name]

@@ -16,7 +16,7 @@ import math
 import shutil  # noqa: F401 - tests patch shutil.which through this module
 import statistics
 import sys  # noqa: F401 - tests patch sys.platform through this module
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 from course_lib.communication.link_sweep_gpu import LINK as GPU_LINK, gpu_results
@@ -227,8 +227,3 @@ def link_sweep(rates_mbit: Sequence[float], strategies: Sequence[str] = SWEEP_ST
 
     rows = _rows(lines, n_params, "gloo", "veth tx_bytes", link_of)
     return sorted(rows, key=lambda r: (rates.index(r.rate_mbit), strategies.index(r.strategy)))
-
-
-def rows_to_dicts(rows: Sequence[LinkRow]) -> list[dict]:
-    """Plain dicts (JSON-ready) of ``rows``."""
-    return [asdict(row) for row in rows]

@@ -14,18 +14,14 @@ tolerances, so the notebook's checked output does not depend on the machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Sequence
 
-from course_lib.common.recorded import cpu_model
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
-                                                 availability, link_sweep, rows_to_dicts)
+                                                 availability, link_sweep)
 
 __all__ = ["RECORDED_PATH", "RECORD_RATES", "Recorded", "record", "load_recorded",
            "live_or_recorded", "verdicts", "BYTES_TOLERANCE"]
@@ -44,23 +40,16 @@ class Recorded(list):
     label: str
 
 
-
-
 def record(path: str | Path = RECORDED_PATH, rates: Sequence[float] = RECORD_RATES,
            latency_ms: float = 0.0, steps: int = 3) -> list[LinkRow]:
     """Run the sweep here and write it with this machine's facts to ``path`` (JSON)."""
-    import torch
-
-    from course_lib.launcher.devices import cpu_count
+    from course_lib.common.recorded import machine_meta
 
     rows = link_sweep(rates, latency_ms=latency_ms, steps=steps)
-    meta = {"cpu": cpu_model(), "cores": cpu_count(), "torch": torch.__version__,
-            "python": platform.python_version(), "kernel": platform.release(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "mode": availability()[0], "load_1min": round(os.getloadavg()[0], 1),
-            "command": "python -m course_lib.communication.link_sweep_record --out data/link_sweep.json "
-                       f"--rates {' '.join(f'{r:g}' for r in rates)} --steps {steps}"}
-    Path(path).write_text(json.dumps({"meta": meta, "rows": rows_to_dicts(rows)}, indent=1) + "\n")
+    meta = {**machine_meta("python -m course_lib.communication.link_sweep_record --out "
+                           f"data/link_sweep.json --rates {' '.join(f'{r:g}' for r in rates)} "
+                           f"--steps {steps}"), "mode": availability()[0]}
+    Path(path).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
 
 

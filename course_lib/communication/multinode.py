@@ -3,13 +3,11 @@
 Chapter 5 runs :mod:`course_lib.scripts.train_ddp` — a script that runs unchanged under one
 process or torchrun — the way a cluster does: one torchrun agent per node, ``--nnodes 2
 --node-rank 0/1``, meeting at a c10d rendezvous on node 0. Here both "nodes" are on this
-machine: on the loopback of a private network namespace (127.0.0.1, a free port; where the
-kernel refuses one, only with ``allow_shared_loopback=True``, as :func:`course_lib.torchrun`), or
-— as root — in two namespaces joined by a veth pair (10.99.0.1 and 10.99.0.2, addresses that
-exist only inside them; :func:`course_lib.launcher.netns.named_pair`), where ``tc`` can throttle
-the link to show a slow interconnect stretching every step. Each agent runs under
-:mod:`course_lib.launcher._reaper` (a timeout or an error leaves no process behind), with the
-warm rank server paused (they import torch themselves).
+machine, on the loopback of a private network namespace (127.0.0.1, a free port; where the
+kernel refuses one, only with ``allow_shared_loopback=True``, as :func:`course_lib.torchrun`).
+:func:`two_namespaces` (root) joins two namespaces by a veth pair that ``tc`` can throttle.
+Each agent runs under :mod:`course_lib.launcher._reaper` (a timeout or an error leaves no
+process behind), with the warm rank server paused (they import torch themselves).
 """
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from course_lib.common.checks import is_int
+from course_lib.common.checks import positive_int
 from course_lib.launcher import devices, netns
 from course_lib.launcher.launch import server_paused
 from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK_RISK,
@@ -33,8 +31,7 @@ from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK
                                           torchrun_command, warn_shared_network)
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
-           "run_single", "reference_params", "netns_available", "two_namespaces",
-           "run_two_nodes_netns"]
+           "reference_params", "netns_available", "two_namespaces"]
 
 #: The chapter's worker script (runs as ``python SCRIPT`` or under torchrun).
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_ddp.py")
@@ -68,25 +65,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str], port: int,
-                      addrs: tuple[str, str] = ("127.0.0.1", "127.0.0.1")) -> list[list[str]]:
-    """The torchrun argv of node 0 and node 1; node 0 (at ``addrs[0]``) hosts the rendezvous."""
+def two_node_commands(script: str, nprocs_per_node: int, args: Sequence[str],
+                      port: int) -> list[list[str]]:
+    """The torchrun argv of node 0 and node 1 on 127.0.0.1; node 0 hosts the rendezvous."""
     commands = []
-    for node, addr in enumerate(addrs):
+    for node in range(2):
         cmd = torchrun_command(script, nprocs_per_node, args, nnodes=2, node_rank=node,
-                               endpoint=f"{addrs[0]}:{port}")
-        at = cmd.index(script)
-        extra = [f"--rdzv-conf=is_host={int(node == 0)}"]  # who hosts the store, explicitly
-        if addr != "127.0.0.1":
-            extra.append(f"--local-addr={addr}")
-        commands.append(cmd[:at] + extra + cmd[at:])
+                               endpoint=f"127.0.0.1:{port}")
+        at, host = cmd.index(script), f"--rdzv-conf=is_host={int(node == 0)}"  # said explicitly
+        commands.append(cmd[:at] + [host] + cmd[at:])
     return commands
 
 
-def _launch(argv: list[str], env: dict, prefix: Sequence[str] = (),
+def _launch(argv: list[str], env: dict,
             net: str | None = None) -> tuple[subprocess.Popen, str | None, int | None]:
     """``argv`` under the reaper: :func:`course_lib.launcher.torchrun.start_reaped`'s triple."""
-    return start_reaped(argv, net, prefix, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return start_reaped(argv, net, (), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, env=env)
 
 
@@ -130,17 +124,10 @@ def _check(procs: list[subprocess.Popen], outputs: list[str], what: str) -> None
 
 
 def _validate(nprocs_per_node: int, script: str, timeout: float) -> None:
-    if not is_int(nprocs_per_node) \
-            or nprocs_per_node < 1:
-        raise ValueError(f"nprocs_per_node must be a positive integer, got {nprocs_per_node!r}")
+    positive_int(nprocs_per_node, "nprocs_per_node")
     if not os.path.isfile(script):
         raise FileNotFoundError(f"no script {script!r}")
     devices.validate_timeout(timeout)
-
-
-def _env(threads: int, extra: dict | None = None) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-            **(extra or {})}
 
 
 def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence[str] = (),
@@ -157,7 +144,8 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     allow_shared_loopback = shared_loopback_allowed(allow_shared_loopback)
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
     threads = max(1, devices.usable_cores() // (2 * nprocs_per_node))
-    env = _env(threads, private_run_env())  # one random rendezvous id for both agents
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+           **private_run_env()}  # one random rendezvous id for both agents
     # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun)
     argv = [[sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]
             for cmd in commands]
@@ -185,15 +173,6 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     return NodesResult(commands, outputs, time.monotonic() - start)
 
 
-def run_single(script: str = SCRIPT, args: Sequence[str] = (), timeout: float = 120.0) -> str:
-    """Run ``python script args`` as one plain process (world size 1); return its output."""
-    _validate(1, script, timeout)
-    proc = _launch([sys.executable, script, *map(str, args)], _env(devices.usable_cores()))[0]
-    (output,) = _collect([proc], timeout)
-    _check([proc], [output], "single-process run")
-    return output
-
-
 def netns_available() -> tuple[bool, str]:
     """Whether this process may create named network namespaces and shape traffic; and why not."""
     mode, why = netns.availability()
@@ -217,20 +196,3 @@ def two_namespaces(rate_mbit: float | None = None) -> Iterator[list[tuple[str, s
         raise ValueError(f"rate_mbit must be positive, got {rate_mbit}")
     with netns.named_pair(f"5p{os.getpid()}", rate_mbit or 0.0) as nodes:
         yield nodes
-
-
-def run_two_nodes_netns(rate_mbit: float | None = None, script: str = SCRIPT,
-                        args: Sequence[str] = (), timeout: float = 180.0) -> NodesResult:
-    """Like :func:`run_two_nodes`, one rank per node, each node in its own network namespace."""
-    _validate(1, script, timeout)
-    with two_namespaces(rate_mbit) as nodes, server_paused():
-        addrs = (nodes[0][2], nodes[1][2])
-        commands = two_node_commands(script, 1, [str(a) for a in args], free_port(), addrs)
-        threads = max(1, devices.usable_cores() // 2)
-        start = time.monotonic()
-        procs = [_launch(cmd, _env(threads, {"GLOO_SOCKET_IFNAME": dev}),
-                         prefix=("ip", "netns", "exec", ns))[0]
-                 for cmd, (ns, dev, _) in zip(commands, nodes)]
-        outputs = _collect(procs, timeout)
-        _check(procs, outputs, "two-node run in namespaces")
-        return NodesResult(commands, outputs, time.monotonic() - start)

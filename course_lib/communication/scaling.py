@@ -134,17 +134,17 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
     to its own ``threads`` cores; it needs ``world × threads`` cores for every world size.
     """
     worlds = list(worlds)
-    if not worlds or worlds[0] != 1 or any(not is_int(w)
-                                           or w < 1 for w in worlds):
+    if not worlds or worlds[0] != 1 or any(not is_int(w) or w < 1 for w in worlds):
         raise ValueError(f"worlds must be integers >= 1 starting with 1 (the baseline), "
                          f"got {worlds}")
     if steps < 1 or batch_per_rank < 1 or global_batch < 1:
         raise ValueError("steps, global_batch and batch_per_rank must be >= 1")
+    # bad requests fail here, before anything starts
+    placed = {world: devices.place(world, threads=threads) for world in worlds}
     for world in worlds:
-        devices.place(world, threads=threads)  # bad requests fail here, before anything starts
         if global_batch % world:
             raise ValueError(f"global_batch={global_batch} must divide evenly over {world} ranks")
-        need = world * devices.place(world, threads=threads).threads
+        need = world * placed[world].threads
         if pin and need > devices.usable_cores():
             raise ValueError(f"pin=True gives every rank its own cores: {world} ranks need "
                              f"{need} cores, this process may use {devices.usable_cores()} "
@@ -162,10 +162,9 @@ def measure_scaling(worlds: Sequence[int] = (1, 2, 4), global_batch: int = 128,
             speedup, efficiency = (ratio, ratio / world) if mode == "strong" \
                 else (ratio * world, ratio)
             batch = global_batch // world if mode == "strong" else batch_per_rank
-            rows.append(ScalingRow(mode, world, devices.place(world, threads=threads).threads,
-                                   batch, step_s,
-                                   compute_s, allreduce_s if world > 1 else 0.0, speedup,
-                                   efficiency, compute_cpu_s, pin, reducer))
+            rows.append(ScalingRow(mode, world, placed[world].threads, batch, step_s, compute_s,
+                                   allreduce_s if world > 1 else 0.0, speedup, efficiency,
+                                   compute_cpu_s, pin, reducer))
     return rows
 
 

@@ -17,16 +17,13 @@ from typing import Sequence
 
 __all__ = ["scaling_over_link", "scaling_rank", "format_scaling_link", "scaling_verdict",
            "within_band", "band_gap", "core_shares", "MIN_CORE_SHARE", "LINK_SIZES",
-           "LINK_BATCH", "LINK_RATES", "BAND"]
+           "LINK_BATCH", "LINK_RATES"]
 
 #: 0.26 M parameters (1 MB of fp32 gradients: 42 ms at 200 Mbit/s); a global batch of 4096
 #: keeps one idle core busy ~70 ms, so that the unshaped link scales almost ideally.
 LINK_SIZES = (256, 512, 256)
 LINK_BATCH = 4096
 LINK_RATES = (0.0, 1000.0, 200.0)
-#: The band is α-β's, unwidened: [no-overlap prediction, perfect-overlap prediction]. (It was
-#: widened by 1.25 either way without the chapter saying so; kept as 1.0 for old imports.)
-BAND = 1.0
 #: Below this CPU / wall share of the 1-rank step the machine is too busy for the lesson.
 MIN_CORE_SHARE = 0.8
 

@@ -185,8 +185,7 @@ def plot_ring_steps(messages: Sequence[Mapping]) -> Figure:
                   fontsize=FONT_MIN)
     ax.set_xlabel(f"step (2(p-1) = {steps} on p = {world} ranks); cell: chunk → receiver, "
                   "and whose values it carries", fontsize=FONT_MIN)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
 

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 from course_lib.common.checks import positive_int
-from course_lib.communication.alphabeta import AlphaBeta
 
 __all__ = ["Link", "LINKS", "STRATEGIES", "StepPrediction", "predict_step", "whatif_table"]
 
@@ -33,11 +32,6 @@ class Link:
     def beta(self) -> float:
         """Seconds per byte."""
         return 1e-9 / self.bandwidth_gbps
-
-    @classmethod
-    def from_fit(cls, fit: AlphaBeta, name: str = "measured here") -> "Link":
-        """A link with the α and β fitted on this machine."""
-        return cls(name, fit.bandwidth_gbps, fit.alpha, "fitted by course_lib.communication.alphabeta")
 
 
 LINKS: dict[str, Link] = {link.name: link for link in (

@@ -67,47 +67,35 @@ def _rank_demo(names: list[str]) -> dict[str, tuple[list[float], list[float]]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for name in names:
-        if name == "broadcast":
-            x = _start(rank, world, world)
-            before = x.tolist()
-            dist.broadcast(x, src=0)
-            after = x.tolist()
-        elif name == "all_reduce":
-            x = _start(rank, world, world)
-            before = x.tolist()
-            dist.all_reduce(x, op=dist.ReduceOp.SUM)
-            after = x.tolist()
-        elif name == "all_gather":
-            piece = _start(rank, world, 2)                 # each rank holds 2 numbers ...
-            gathered = piece.new_empty(2 * world)          # ... and receives 2 per rank
-            before = piece.tolist()
-            dist.all_gather_single(gathered, piece)
-            after = gathered.tolist()
-        elif name == "reduce_scatter":
-            x = _start(rank, world, world)                 # one element per destination rank
-            mine = x.new_empty(1)
-            before = x.tolist()
-            dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM)
-            after = mine.tolist()
-        elif name == "reduce":
-            x = _start(rank, world, world)
-            before = x.tolist()
-            dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)
-            after = x.tolist() if rank == 0 else []        # undefined on the other ranks
-        elif name == "all_to_all":
-            x = _start(rank, world, world)                 # element j is for rank j
-            received = x.new_empty(world)
-            before = x.tolist()
-            dist.all_to_all_single(received, x)
-            after = received.tolist()
-        else:  # barrier: arrive at different times, leave together
+        if name == "barrier":  # arrive at different times, leave together
             dist.barrier()                                 # line everybody up first
             delay = rank * _BARRIER_DELAY_S
             time.sleep(delay)
             arrived = time.monotonic()  # one clock for every process of this machine
             dist.barrier()
-            before, after = [delay, arrived], [time.monotonic()]
-        out[name] = (before, after)
+            out[name] = ([delay, arrived], [time.monotonic()])
+            continue
+        # all_gather: each rank holds 2 numbers and receives 2 per rank; the others hold one
+        # element per rank (reduce_scatter, all_to_all: element j is for rank j)
+        x = _start(rank, world, 2 if name == "all_gather" else world)
+        before = x.tolist()
+        if name == "broadcast":
+            dist.broadcast(x, src=0)
+        elif name == "all_reduce":
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        elif name == "reduce":
+            dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)
+            x = x if rank == 0 else x[:0]                  # undefined on the other ranks
+        elif name == "all_gather":
+            x, piece = x.new_empty(2 * world), x
+            dist.all_gather_single(x, piece)
+        elif name == "reduce_scatter":
+            x, full = x.new_empty(1), x
+            dist.reduce_scatter_single(x, full, op=dist.ReduceOp.SUM)
+        else:  # all_to_all
+            x, sent = x.new_empty(world), x
+            dist.all_to_all_single(x, sent)
+        out[name] = (before, x.tolist())
     return out
 
 

@@ -23,12 +23,10 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single
-from course_lib.launcher import devices
+from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single, validate_run
 from course_lib.launcher.launch import run
 
 __all__ = ["BucketLog", "recording_allreduce_hook", "bytes_written", "expected_bytes",
@@ -130,15 +128,6 @@ def _dp_rank(preset: str, local_batch: int, seq_len: int, bucket_cap_mb: float |
                         memory["peak"], memory["model_states"])
 
 
-def _check(world: int, preset: str, local_batch: int, seq_len: int) -> None:
-    devices.place(world)
-    config = get_config(preset)
-    for name, value in (("local_batch", local_batch), ("seq_len", seq_len)):
-        positive_int(value, f"{name}")
-    if seq_len > config.seq_len:
-        raise ValueError(f"seq_len={seq_len} exceeds preset {preset!r}'s seq_len={config.seq_len}")
-
-
 def measure_dp(world: int = 2, preset: str = "small", local_batch: int = 4, seq_len: int = 32, *,
                bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
                timed_steps: int = 3) -> list[DPStepReport]:
@@ -146,11 +135,10 @@ def measure_dp(world: int = 2, preset: str = "small", local_batch: int = 4, seq_
 
     ``bucket_cap_mb=None`` keeps DDP's default (25 MiB, first bucket 1 MiB).
     """
-    _check(world, preset, local_batch, seq_len)
+    validate_run(world, preset, local_batch=local_batch, seq_len=seq_len, timed_steps=timed_steps)
     if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
                                           and bucket_cap_mb > 0):
         raise ValueError(f"bucket_cap_mb must be a number > 0 (or None), got {bucket_cap_mb!r}")
-    positive_int(timed_steps, "timed_steps")
     return run(_dp_rank, world, preset, local_batch, seq_len, bucket_cap_mb,
                bool(gradient_as_bucket_view), timed_steps, device="cpu", threads=1)
 
@@ -192,8 +180,7 @@ def compare_accumulation(world: int = 2, micro_steps: int = 4, local_batch: int 
     the weights (with and without ``no_sync``) against one process, the ranks' spread, and the
     bytes rank 0 sent per optimizer step in both cases.
     """
-    _check(world, "tiny", local_batch, seq_len)
-    positive_int(micro_steps, "micro_steps")
+    validate_run(world, "tiny", local_batch=local_batch, seq_len=seq_len, micro_steps=micro_steps)
     out = {"world": world, "micro_steps": micro_steps,
            "global_batch": world * micro_steps * local_batch}
     for use_no_sync in (True, False):

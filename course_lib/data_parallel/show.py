@@ -146,8 +146,7 @@ def plot_gradient_buckets(comparison, title: str | None = None) -> Figure:
     ax.tick_params(axis="x", labelsize=FONT_MIN)
     ax.set_xlabel("KiB of gradients, in the order backward produces them (last layer first)",
                   fontsize=FONT_MIN + 1)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
     ax.set_title(title or f"{world} ranks, buckets of ≥ {comparison.cap_bytes / 2**10:.0f} KiB: "
                  "each bucket is averaged over all ranks at once", fontsize=FONT_MIN + 1)
     fig.tight_layout()

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CATEGORY_KEYS", "MemoryReport", "categorize", "format_bytes"]
+__all__ = ["CATEGORY_KEYS", "MemoryReport", "categorize", "byte_unit", "format_bytes"]
 
 #: Tracker category name -> report key. FSDP2's sharded params/grads count as params/grads.
 CATEGORY_KEYS: dict[str, str] = {
@@ -38,6 +38,14 @@ def categorize(snapshot: Mapping[Any, Mapping[str, int]]) -> dict[str, int]:
             key = CATEGORY_KEYS.get(str(getattr(name, "value", name)), str(name).lower())
             out[key] = out.get(key, 0) + int(nbytes)
     return out
+
+
+def byte_unit(max_bytes: float) -> tuple[str, float]:
+    """``(unit, bytes per unit)``: the largest binary unit ``max_bytes`` fills (an axis' unit)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= scale:
+            return unit, scale
+    return "B", 1
 
 
 def format_bytes(n: float) -> str:

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from course_lib.common.models import PRESETS, RECOMPUTE, get_config
 from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN, GREY, WIDGET_STYLE
 from course_lib.memory import predict
-from course_lib.memory.report import MemoryReport, format_bytes
+from course_lib.memory.report import MemoryReport, byte_unit, format_bytes
 from course_lib.memory.tracker import measure_inference, measure_step
 from course_lib.common.plots import legible
 
@@ -28,14 +28,10 @@ __all__ = ["plot_stacked", "plot_measured_vs_predicted", "plot_timeline", "plot_
 _STACK = tuple(COLORS)
 
 
-def _unit(max_bytes: float) -> tuple[str, float]:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if max_bytes >= scale:
-            return unit, scale
-    return "B", 1.0
-
-
-def _stacked(ax, labels: Sequence[str], rows: Sequence[Mapping[str, int]], scale: float) -> None:
+def _stacked(labels: Sequence[str], rows: Sequence[Mapping[str, int]], title: str):
+    """A figure of one stacked bar per row (bytes per category), its legend beside it."""
+    unit, scale = byte_unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     bottoms = [0.0] * len(rows)
     for key in _STACK:
         heights = [row.get(key, 0) / scale for row in rows]
@@ -44,6 +40,10 @@ def _stacked(ax, labels: Sequence[str], rows: Sequence[Mapping[str, int]], scale
         ax.bar(labels, heights, bottom=bottoms, color=COLORS[key], label=key, edgecolor="white",
                linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig, ax
 
 
 @legible
@@ -53,13 +53,7 @@ def plot_stacked(moments: Mapping[str, Mapping[str, int]], title: str = "What is
     Stack only things alive at the same moment: a report's category totals never coexist
     (gradients appear as activations are freed), so their sum overstates memory.
     """
-    labels, rows = list(moments), list(moments.values())
-    unit, scale = _unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    _stacked(ax, labels, rows, scale)
-    ax.set_ylabel(unit)
-    ax.set_title(title)
-    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig, _ = _stacked(list(moments), list(moments.values()), title)
     fig.tight_layout()
     return fig
 
@@ -69,7 +63,7 @@ def plot_measured_vs_predicted(measured: Mapping[str, int], predicted: Mapping[s
                                keys: Sequence[str] = ("params", "grads", "optimizer", "activations", "peak"),
                                title: str = "Measured vs predicted") -> Figure:
     """Grouped bars per category: the measurement (solid) beside the prediction (hatched)."""
-    unit, scale = _unit(max(max(measured[k], predicted[k]) for k in keys))
+    unit, scale = byte_unit(max(max(measured[k], predicted[k]) for k in keys))
     xs = range(len(keys))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     colors = [COLORS.get(k, GREY) for k in keys]
@@ -90,15 +84,10 @@ def plot_timeline(report, title: str = "Memory through two training steps") -> F
     short = {"forward": "fwd", "backward": "bwd"}   # "1 backward" at 11 pt is wider than a bar
     labels = ["\n".join(short.get(w, w) for w in name.split()) for name, _ in report.timeline]
     labels += ["peak"]
-    rows = [snap for _, snap in report.timeline] + [report.peak_breakdown]
-    unit, scale = _unit(max(sum(r.get(k, 0) for k in _STACK) for r in rows))
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    _stacked(ax, labels, rows, scale)
-    ax.set_ylabel(unit)
-    ax.set_title(title)
+    fig, ax = _stacked(labels, [snap for _, snap in report.timeline] + [report.peak_breakdown],
+                       title)
     ax.tick_params(axis="x", labelsize=FONT_MIN)
     ax.set_xlabel("after each phase (fwd: forward, bwd: backward)")
-    ax.legend(fontsize=FONT_MIN, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
@@ -110,7 +99,7 @@ def plot_scaling(series: Mapping[str, tuple[Sequence[float], Sequence[float], Se
 
     Panels share the y axis, so growth rates can be compared by eye.
     """
-    unit, scale = _unit(max(max(m) for _, m, _ in series.values()))
+    unit, scale = byte_unit(max(max(m) for _, m, _ in series.values()))
     fig, axes = plt.subplots(1, len(series), figsize=FIGSIZE, dpi=DPI, squeeze=False, sharey=True)
     for ax, (name, (xs, measured, predicted)) in zip(axes[0], series.items()):
         ax.plot(xs, [p / scale for p in predicted], "-", color=COLORS["activations"], label="predicted")
@@ -154,8 +143,7 @@ def plot_bytes_per_param(reports: Mapping[str, MemoryReport],
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xlabel("bytes per parameter (one square = 1 byte, measured)", fontsize=FONT_MIN + 1)
     ax.set_xticks([])
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "bottom"]].set_visible(False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in keys]
     ax.legend(handles, keys, fontsize=FONT_MIN, ncol=len(keys), loc="lower center",
               bbox_to_anchor=(0.5, 1.0), frameon=False)
@@ -181,7 +169,7 @@ def plot_recompute(config, rows: Sequence[Mapping], batch_sizes: Sequence[int] =
     fig, axes = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), dpi=DPI)
     for ax, (key, predicted) in zip(axes, lines.items()):
         curves = {m: [predicted(m, b) for b in batch_sizes] for m in modes}
-        unit, scale = _unit(max(max(v) for v in curves.values()))
+        unit, scale = byte_unit(max(max(v) for v in curves.values()))
         for m in modes:
             ax.plot(batch_sizes, [p / scale for p in curves[m]], color=colors[m], label=f"{m} (predicted)")
             mine = [r for r in rows if r["recompute"] == m and r["seq_len"] == seq_len]

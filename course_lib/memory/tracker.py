@@ -135,7 +135,7 @@ def measure_step(model: nn.Module | GPTConfig | str, batch: Batch | tuple[int, i
         raise ValueError("iterations must be >= 2: optimizer states appear in the first step")
     if isinstance(model, (GPTConfig, str)):
         config = get_config(model)
-        shape = _shape(batch, config)
+        shape = batch_shape(batch, config.seq_len)
         if not fake:
             _check_fits(predict.model_state_bytes_for(config, precision, optimizer)["model_states"]
                         + flow_bytes(config, shape, precision))
@@ -179,7 +179,7 @@ def measure_inference(model: nn.Module | GPTConfig | str, inputs: torch.Tensor |
     predict.validate(precision)
     if isinstance(model, (GPTConfig, str)):
         config = get_config(model)
-        shape = _shape(inputs, config)
+        shape = batch_shape(inputs, config.seq_len)
         if not fake:
             _check_fits(predict.inference_bytes(param_count(config), precision)
                         + flow_bytes(config, shape, precision))
@@ -210,10 +210,6 @@ def _forward_only(model: nn.Module, inputs: torch.Tensor, precision: str, fake: 
             "device": str(device)}
     n_params = sum(p.numel() for p in model.parameters())
     return MemoryReport(measured, [("start", start), ("forward", after)], peak, n_params, info)
-
-
-def _shape(batch: object, config: GPTConfig) -> tuple[int, int]:
-    return batch_shape(batch, config.seq_len)
 
 
 def _build(config: GPTConfig, shape: tuple[int, int], precision: str, seed: int) -> tuple[GPT, Batch]:

@@ -138,10 +138,6 @@ class PipelineReport:
         return self.budget.span
 
     @property
-    def busy(self) -> list:
-        return self.budget.compute
-
-    @property
     def loss(self) -> float:
         return self.traces[-1].loss
 

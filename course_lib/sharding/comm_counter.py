@@ -13,7 +13,7 @@ rest, so DP moves ``2Ψ`` per step and ZeRO-3 ``3Ψ``. Works inside ``course_lib
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from typing import Any
 
 import torch
@@ -87,17 +87,14 @@ class CommCounter(TorchDispatchMode):
 
     def bytes_by_type(self) -> dict[str, int]:
         """Message bytes summed per collective type."""
-        out: dict[str, int] = defaultdict(int)
+        out: Counter[str] = Counter()
         for kind, size, _ in self.calls:
             out[kind] += size
         return dict(out)
 
     def calls_by_type(self) -> dict[str, int]:
         """Number of calls per collective type."""
-        out: dict[str, int] = defaultdict(int)
-        for kind, _, _ in self.calls:
-            out[kind] += 1
-        return dict(out)
+        return dict(Counter(kind for kind, _, _ in self.calls))
 
     def volume(self) -> int:
         """Bytes one rank sends in the ZeRO paper's accounting (all-reduce counts twice)."""

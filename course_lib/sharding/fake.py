@@ -13,7 +13,8 @@ not measured (fake operators take no real time).
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -28,20 +29,16 @@ from course_lib.sharding.rank_measure import measure_rank
 __all__ = ["measure_fake", "fake_process_group"]
 
 
-class fake_process_group:  # noqa: N801 - used like a function: ``with fake_process_group(r, n):``
-    """Context manager: a fake default process group where this process is ``rank`` of ``world``."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
-
-    def __enter__(self) -> "fake_process_group":
-        if dist.is_initialized():
-            raise RuntimeError("a process group already exists in this process; fake runs need "
-                               "their own (call them outside course_lib.run ranks)")
-        dist.init_process_group("fake", rank=self.rank, world_size=self.world, store=FakeStore())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+@contextlib.contextmanager
+def fake_process_group(rank: int, world: int) -> Iterator[None]:
+    """A fake default process group where this process is ``rank`` of ``world``, while inside."""
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process; fake runs need "
+                           "their own (call them outside course_lib.run ranks)")
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
         dist.destroy_process_group()
 
 

@@ -66,25 +66,33 @@ def measure_zero_rank(optimizer_class=ShardedOptimizer, stage: int = 2, config="
     torch.manual_seed(seed)
     model = GPT(config)
     optimizer = optimizer_class(model.parameters(), torch.optim.Adam, stage=stage)
+    after, peak = _two_steps(model, optimizer, config, batch, seed, sharded=True)
+    out = {key: after[key] for key in ("params", "grads", "optimizer")}
+    return {**out, "model_states": sum(out.values()), "peak": peak}
+
+
+def _two_steps(model, opt, config, batch, seed: int, extra=(), sharded: bool = False
+               ) -> tuple[dict[str, int], int]:
+    """Two training steps under ``GlobalMemTracker``: the categories after the second step and
+    the peak. ``sharded``: ``opt`` creates its shard's gradients in ``step()`` (ZeRO-2 by hand),
+    so the tracker is told they are gradients."""
     inputs, targets = make_inputs(config, batch, seed=seed, rank=dist.get_rank())
     tracker = GlobalMemTracker()
-    tracker.track_external(model, inputs, targets)
+    tracker.track_external(model, inputs, targets, *extra)
     with tracker:
         for _ in range(2):
             tracker.reset_mod_stats()
-            optimizer.zero_grad()
+            opt.zero_grad(set_to_none=True)
             loss = GPT.loss(model(inputs), targets)
             loss.backward()
             del loss
-            optimizer.step()
-            tracker.track_grads([p.grad for p in optimizer.inner.param_groups[0]["params"]
-                                 if p.grad is not None])
+            opt.step()
+            if sharded:
+                tracker.track_grads([p.grad for g in opt.inner.param_groups for p in g["params"]
+                                     if p.grad is not None])
         after = categorize(tracker.get_tracker_snapshot())
         peak = sum(categorize(tracker.get_tracker_snapshot("peak")).values())
-    out = {key: after[key] for key in ("params", "grads", "optimizer")}
-    out["model_states"] = sum(out.values())
-    out["peak"] = peak
-    return out
+    return after, peak
 
 
 def fsdp_full_params(fsdp: FSDPByHand) -> dict[str, torch.Tensor]:
@@ -154,21 +162,6 @@ def peak_rank(method: str, config="tiny", *, batch: tuple[int, int] = (4, 32),
         opt, extra = torch.optim.Adam(model.parameters(), lr=1e-3), [u.full for u in model.units]
     else:
         opt, extra = ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=2, lr=1e-3), []
-    inputs, targets = make_inputs(config, batch, seed=seed, rank=dist.get_rank())
-    tracker = GlobalMemTracker()
-    tracker.track_external(model, inputs, targets, *extra)
-    with tracker:
-        for _ in range(2):
-            tracker.reset_mod_stats()
-            opt.zero_grad(set_to_none=True)
-            loss = GPT.loss(model(inputs), targets)
-            loss.backward()
-            del loss
-            opt.step()
-            if method == "zero2":
-                tracker.track_grads([p.grad for g in opt.inner.param_groups for p in g["params"]
-                                     if p.grad is not None])
-        after = categorize(tracker.get_tracker_snapshot())
-        peak = sum(categorize(tracker.get_tracker_snapshot("peak")).values())
+    after, peak = _two_steps(model, opt, config, batch, seed, extra, sharded=method == "zero2")
     return {"peak": peak, "params": after["params"], "grads": after["grads"],
             "optimizer": after["optimizer"]}

@@ -47,8 +47,7 @@ def _stage_panel(ax, stage: int, ranks: Sequence[Mapping]) -> None:
     ax.set_xlim(0, 1.32)
     ax.set_ylim(-len(ranks) + 1 - 3 * _STRIPE, 0.2)
     ax.set_title(STAGE_TITLES.get(stage, f"stage {stage}"), fontsize=FONT_MIN + 1)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
 
 
 @legible

@@ -18,48 +18,42 @@ from matplotlib.figure import Figure
 
 from course_lib.common.models import get_config, param_count
 from course_lib.display import COLORS, DPI, FIGSIZE, FONT_MIN, PALETTE, WIDGET_STYLE
-from course_lib.memory.report import MemoryReport, format_bytes
-from course_lib.sharding.formulas import (NAMES_IN_THE_WILD, comm_bytes, param_shapes,
-                                          per_rank_bytes)
+from course_lib.memory.report import MemoryReport, byte_unit, format_bytes
+from course_lib.sharding.formulas import comm_bytes, param_shapes, per_rank_bytes
 from course_lib.sharding.measure import measure_distributed
 from course_lib.sharding.strategies import DIST_PRECISIONS, STRATEGIES
 from course_lib.common.plots import legible
 
 __all__ = ["PARTS", "plot_ranks", "plot_strategies", "plot_comm", "format_memory_vs_world",
            "sharding_explorer", "show_sharding_explorer", "sharding_widget", "per_rank_table",
-           "load_fake_7b", "fit_table", "names_markdown", "FAKE_7B_PATH"]
+           "load_fake_7b", "fit_table", "FAKE_7B_PATH"]
 
 #: What the bars stack, bottom to top, with colours.
 PARTS = {"params": COLORS["params"], "unsharded_params": PALETTE[4], "grads": COLORS["grads"],
          "optimizer": COLORS["optimizer"]}
-_MIB = 2**20
 
 
-def _scale(max_bytes: float) -> tuple[str, float]:
-    for unit, size in (("GiB", 2**30), ("MiB", _MIB), ("KiB", 2**10)):
-        if max_bytes >= size:
-            return unit, size
-    return "B", 1
+def _parts(moment: str) -> list[str]:
+    """What is alive at ``moment``: no gathered parameters after the step, no grads in forward."""
+    return [p for p in PARTS if (p, moment) not in (("unsharded_params", "steady"),
+                                                    ("grads", "fwd"))]
 
 
-def _bar(ax, x: float, row: Mapping[str, int], scale: float, width: float, hatched: bool,
-         moment: str) -> None:
-    bottom = 0.0
-    for part, colour in PARTS.items():
-        if part == "unsharded_params" and moment == "steady":
-            continue
-        if part == "grads" and moment == "fwd":
-            continue
-        value = row.get(part, 0) / scale
-        ax.bar(x, value, width, bottom=bottom, color=colour, alpha=0.55 if hatched else 1.0,
-               hatch="//" if hatched else None, edgecolor="white" if not hatched else "k",
-               linewidth=0.4)
-        bottom += value
+def _bars(ax, x: float, measured: Mapping[str, int], formula: Mapping[str, int], scale: float,
+          moment: str) -> None:
+    """Two stacked bars at ``x``: measured (solid, left) and the formula (hatched, right)."""
+    for dx, row, hatched in ((-0.2, measured, False), (0.2, formula, True)):
+        bottom = 0.0
+        for part in _parts(moment):
+            value = row.get(part, 0) / scale
+            ax.bar(x + dx, value, 0.38, bottom=bottom, color=PARTS[part],
+                   alpha=0.55 if hatched else 1.0, hatch="//" if hatched else None,
+                   edgecolor="white" if not hatched else "k", linewidth=0.4)
+            bottom += value
 
 
 def _legend(ax, moment: str) -> None:
-    shown = [p for p in PARTS if not (p == "unsharded_params" and moment == "steady")
-             and not (p == "grads" and moment == "fwd")]
+    shown = _parts(moment)
     handles = [plt.Rectangle((0, 0), 1, 1, color=PARTS[p]) for p in shown]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="k", hatch="//"))
     ax.legend(handles, shown + ["formula"], fontsize=FONT_MIN, ncol=2, loc="upper center",  # below
@@ -76,10 +70,9 @@ def plot_ranks(reports: Sequence[Mapping[str, int]], formula: Sequence[Mapping[s
     """
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     top = max(sum(r.get(p, 0) for p in PARTS) for r in list(reports) + list(formula))
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for rank, (measured, predicted) in enumerate(zip(reports, formula)):
-        _bar(ax, rank - 0.2, measured, scale, 0.38, False, moment)
-        _bar(ax, rank + 0.2, predicted, scale, 0.38, True, moment)
+        _bars(ax, rank, measured, predicted, scale, moment)
     ax.set_xticks(range(len(reports)), [f"rank {r}" for r in range(len(reports))])
     ax.set_ylabel(unit)
     ax.set_title(title, fontsize=FONT_MIN + 1)
@@ -97,12 +90,11 @@ def plot_strategies(results: Mapping[str, Sequence[Mapping[str, int]]],
     names = list(results)
     top = max(sum(r[rank].get(p, 0) for p in PARTS) for r in list(results.values())
               + list(formulas.values()))
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for ax, moment, label in ((axes[0], "steady", "after the step"),
                               (axes[1], "fwd", "end of forward")):
         for i, name in enumerate(names):
-            _bar(ax, i - 0.2, results[name][rank], scale, 0.38, False, moment)
-            _bar(ax, i + 0.2, formulas[name][rank], scale, 0.38, True, moment)
+            _bars(ax, i, results[name][rank], formulas[name][rank], scale, moment)
         ax.set_xticks(range(len(names)), names)
         ax.set_title(f"{title}:\n{label}", fontsize=FONT_MIN)
         _legend(ax, moment)
@@ -118,7 +110,7 @@ def plot_comm(comm: Mapping[str, Mapping[str, int]], title: str = "Bytes handed 
                "broadcast": PALETTE[6]}
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.0), dpi=DPI)
     top = max([sum(c.values()) for c in comm.values()] + [1])
-    unit, scale = _scale(top)
+    unit, scale = byte_unit(top)
     for i, (name, by_type) in enumerate(comm.items()):
         bottom = 0.0
         for kind, colour in colours.items():
@@ -170,8 +162,6 @@ def per_rank_table(reports: list[MemoryReport], formula: list[dict], keys=_KEYS)
 def show_sharding_explorer(strategy: str = "fsdp", nprocs: int = 2, preset: str = "tiny",
                            precision: str = "fp32") -> None:
     """Print and draw :func:`sharding_explorer` (errors are printed, not raised)."""
-    import matplotlib.pyplot as plt
-
     try:
         out = sharding_explorer(strategy, nprocs, preset, precision)
     except (ValueError, MemoryError) as err:
@@ -218,15 +208,6 @@ def fit_table(rows: list[dict], gpu_bytes: float = 80e9) -> str:
         lines.append(f"{r['strategy']:<9}{r['precision']:<10}{b['model_states'] / 1e9:>8.1f} GB"
                      f"{b['model_states_fwd'] / 1e9:>8.1f} GB{b['peak'] / 1e9:>8.1f} GB  {fits}")
     return "\n".join(lines)
-
-
-def names_markdown() -> str:
-    """:data:`course_lib.sharding.formulas.NAMES_IN_THE_WILD` as a markdown table."""
-    cols = list(NAMES_IN_THE_WILD[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(f"`{row[c]}`" if c in ("course", "DeepSpeed") else row[c]
-                              for c in cols) + " |" for row in NAMES_IN_THE_WILD]
-    return "\n".join(out)
 
 
 def format_memory_vs_world(per_world: Mapping[int, Mapping[str, int]]) -> str:

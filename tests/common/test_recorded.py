@@ -26,8 +26,8 @@ def test_the_stored_runs_hold_what_the_notebooks_read_and_say_where_they_come_fr
 
 def test_a_record_without_a_field_or_a_machine_is_refused(tmp_path):
     path = tmp_path / "speed.json"
-    path.write_text(json.dumps({"x": {"value": {"a": 1.0}, "meta": {
-        "cpu": "c", "cores": 2, "date": "d", "load_1min": 0.1, "command": "cmd"}}}))
+    recorded.save_record("x", {"a": 1.0}, {"cpu": "c", "cores": 2, "date": "d",
+                                           "load_1min": 0.1, "command": "cmd"}, path)
     assert recorded.load_record("x", ("a",), path)[0] == {"a": 1.0}
     with pytest.raises(ValueError, match=r"lacks the fields \['b'\]"):
         recorded.load_record("x", ("a", "b"), path)
