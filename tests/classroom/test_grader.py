@@ -115,6 +115,9 @@ def test_a_batch_is_graded_jobs_at_a_time_and_reported_in_file_order(tmp_path, m
     assert [r.error for r in results] == [None, None, "RuntimeError: its grading broke"]
     assert [line.split(":")[0].rsplit("/", 1)[1] for line in lines] == \
         ["a.ipynb", "b.ipynb", "c.ipynb"]
+    from tools.classroom.__main__ import main
+    with pytest.raises(SystemExit):   # the command line refuses a batch of no submissions at once
+        main(["grade", str(tmp_path), str(tmp_path / "book"), "--trusted", "--jobs", "0"])
 
 
 def _md(text):
