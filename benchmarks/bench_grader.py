@@ -1,7 +1,7 @@
 """How long the autograder takes on a class's batch: 3 submissions x 2 chapters (00 and 01).
 
-    python benchmarks/bench_grader.py [--mode sandbox|trusted|baseline] [CHAPTER_STEM ...]
-    # default: sandbox, 00_start_here 01_training_memory
+    python benchmarks/bench_grader.py [--mode sandbox|trusted|baseline] [--jobs N] [CHAPTER_STEM ...]
+    # default: sandbox, as many submissions at once as grade_folder's default (one per core)
 
 ``sandbox`` (as root): each submission in its own sandbox, then its answers replayed in a
 second, clean sandbox that makes every verdict (issue 49); ``trusted``: the same runner without
@@ -49,10 +49,10 @@ def batch(chapter: Path, folder: Path) -> None:
 BASELINE = "504d0f9"
 
 
-def _grader(mode: str):
+def _grader(mode: str, jobs: int | None = None):
     if mode != "baseline":
         return lambda folder, progress: grade_folder(folder, progress=progress,
-                                                     trusted=mode == "trusted")
+                                                     trusted=mode == "trusted", jobs=jobs)
     root = Path(__file__).resolve().parents[1]
     source = subprocess.run(["git", "show", f"{BASELINE}:tests/classroom/grade.py"], cwd=root,
                             capture_output=True, text=True, check=True).stdout
@@ -67,11 +67,15 @@ def _grader(mode: str):
 
 
 def main(args: list[str]) -> None:
-    mode = "sandbox"
-    if args[:1] == ["--mode"]:
-        mode, args = args[1], args[2:]
+    mode, jobs = "sandbox", None
+    while args[:1] in (["--mode"], ["--jobs"]):
+        if args[0] == "--mode":
+            mode = args[1]
+        else:
+            jobs = int(args[1])
+        args = args[2:]
     stems = args or ["00_start_here", "01_training_memory"]
-    grade = _grader(mode)
+    grade = _grader(mode, jobs)
     chapters = [p for p in CHAPTERS if p.stem in stems]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -83,7 +87,8 @@ def main(args: list[str]) -> None:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     for r in results:
         print(f"{Path(r.file).name}: {r.chapter} {r.score}/{r.possible} in {r.seconds:.1f} s")
-    print(f"{mode}: {len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
+    label = mode if jobs is None else f"{mode} (jobs {jobs})"
+    print(f"{label}: {len(results)} notebooks ({', '.join(stems)}) graded in {total:.1f} s "
           f"(load average {load}, {os.cpu_count()} cores)")
 
 

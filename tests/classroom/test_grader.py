@@ -1,13 +1,16 @@
 """The autograder on chapter 00 (one batch, graded once): the solutions score every exercise, the
-student edition none, a mistake fails its exercise only, with the check's feedback. Containment
-(a crash, a deleted folder, a deadlock on the ranks) on a chapter of two quick exercises,
-``TINY``; a hang and a flood in the kernel itself: ``test_session.py``."""
+student edition none, a mistake fails its exercise only, with the check's feedback. The mistake is
+graded on chapter 00's exercise section alone (its own exercise cells and checks after the imports
+they need, ``SECTION``): it needs the checks, not the chapter's training run, which the two other
+submissions already put through the grader twice each. Containment (a crash, a deleted folder, a
+deadlock on the ranks) on a chapter of two quick exercises, ``TINY``; a hang and a flood in the
+kernel itself: ``test_session.py``."""
 import csv
 import json
 
 import pytest
 
-from tools.classroom.edition import CHAPTERS, answered_notebook, student_notebook
+from tools.classroom.edition import CHAPTERS, answered_notebook, find_exercises, student_notebook
 from tools.classroom.grade import extract_answer, grade_folder
 from tools.classroom.gradebook import write_gradebook
 
@@ -18,21 +21,36 @@ RIGHT = "answer = 50"
 SUM_NOT_MEAN = ("def mean_of_ranks():\n    x = torch.tensor([float(dist.get_rank())])\n"
                 "    dist.all_reduce(x)\n    return x.item()")
 TIME_LIMIT = 20.0
+SECTION_STEM = "00_start_here_exercises"
+
+
+def exercise_section(nb: dict) -> dict:
+    """Chapter 00's exercise section as a chapter: a title, the imports its cells use, then every
+    cell from the markdown that opens the first exercise to the last Solution block."""
+    first = find_exercises(nb["cells"])[0].cell - 1
+    last = find_exercises(nb["cells"])[-1].cell + 1
+    return {**nb, "cells": [
+        _md("# Chapter 00's exercises alone"),
+        _code("import torch\nimport torch.distributed as dist\nfrom course_lib import run"),
+        *nb["cells"][first:last + 1]]}
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("submissions")
     nb = json.loads(CHAPTER.read_text())
+    section = tmp_path_factory.mktemp("section") / f"{SECTION_STEM}.ipynb"
+    section.write_text(json.dumps(exercise_section(nb)))
     submissions = {   # file names say nothing: the grader finds the chapter in the content
         "s1.ipynb": answered_notebook(nb),
         "s2.ipynb": student_notebook(nb, CHAPTER.stem)[0],
-        "s3.ipynb": answered_notebook(nb, {0: RIGHT, 1: SUM_NOT_MEAN}),
+        "s3.ipynb": answered_notebook(exercise_section(nb), {0: RIGHT, 1: SUM_NOT_MEAN}),
     }
     for name, content in submissions.items():
         (folder / name).write_text(json.dumps(content))
     (folder / "notes.ipynb").write_text("{not json")
-    results = {r.file.rsplit("/", 1)[1]: r for r in grade_folder(folder, time_limit=TIME_LIMIT)}
+    results = {r.file.rsplit("/", 1)[1]: r for r in grade_folder(
+        folder, time_limit=TIME_LIMIT, chapters=[CHAPTER, section])}
     assert rank_processes() == []
     return results, write_gradebook(list(results.values()), tmp_path_factory.mktemp("book"))
 
@@ -50,7 +68,7 @@ def test_the_solutions_score_every_exercise_and_the_student_edition_none(graded)
 
 def test_a_mistake_fails_exactly_its_exercise_with_the_checks_feedback(graded):
     result = graded[0]["s3.ipynb"]
-    assert verdicts(result) == [True, False]
+    assert result.chapter == SECTION_STEM and verdicts(result) == [True, False]
     assert "returned something else than the mean" in " ".join(result.exercises[1].feedback)
     assert graded[0]["notes.ipynb"].error.startswith("not a readable notebook")
 
@@ -59,7 +77,7 @@ def test_the_gradebook_has_a_row_per_notebook_and_the_feedback_no_solution(grade
     results, (csv_path, html_path) = graded
     rows = {r["file"].rsplit("/", 1)[1]: r for r in csv.DictReader(csv_path.open())}
     assert rows["s1.ipynb"]["total"] == "2" and rows["s1.ipynb"]["percent_correct"] == "100.0"
-    assert rows["s3.ipynb"]["00_start_here: mean of ranks"] == "0"
+    assert rows["s3.ipynb"][f"{SECTION_STEM}: mean of ranks"] == "0"
     assert rows["notes.ipynb"]["error"]
     page = html_path.read_text()
     assert "returned something else than the mean" in page
@@ -75,6 +93,31 @@ def test_an_answer_may_not_redefine_the_check():
             "answer = ...", "check_number = lambda *a, **k: True\nanswer = 1"))
     with pytest.raises(ValueError, match="syntax error"):
         extract_answer(published, published.replace("answer = ...", "answer = = 1"))
+
+
+def test_a_batch_is_graded_jobs_at_a_time_and_reported_in_file_order(tmp_path, monkeypatch):
+    import threading
+    import tools.classroom.grade as grade
+    monkeypatch.setattr(grade, "why_not", lambda: "simulated: not root")
+    for name in ("b", "c", "a"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    together = threading.Barrier(2, timeout=60)   # a and b end only once both run at once
+
+    def fake(path, **kwargs):
+        if path.stem == "c":
+            raise RuntimeError("its grading broke")
+        together.wait()
+        return grade.Result(str(path), "x")
+    monkeypatch.setattr(grade, "grade_notebook", fake)
+    lines = []
+    results = grade_folder(tmp_path, trusted=True, jobs=2, progress=lines.append)
+    assert [r.file.rsplit("/", 1)[1] for r in results] == ["a.ipynb", "b.ipynb", "c.ipynb"]
+    assert [r.error for r in results] == [None, None, "RuntimeError: its grading broke"]
+    assert [line.split(":")[0].rsplit("/", 1)[1] for line in lines] == \
+        ["a.ipynb", "b.ipynb", "c.ipynb"]
+    from tools.classroom.__main__ import main
+    with pytest.raises(SystemExit):   # the command line refuses a batch of no submissions at once
+        main(["grade", str(tmp_path), str(tmp_path / "book"), "--trusted", "--jobs", "0"])
 
 
 def _md(text):

@@ -2,6 +2,7 @@
 
     python -m tools.classroom student OUT_DIR [notebook.ipynb ...]
     python -m tools.classroom grade SUBMISSIONS_DIR OUT_DIR [--time-limit S] [--output-cap BYTES]
+                                                   [--jobs N]
 
 ``edition`` writes the chapters without their Solution blocks; ``grade`` runs each submission's
 answers after the *original* notebook's cells in a sandbox (``sandbox``, ``session``), records

@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="bytes of output an exercise may print (default 100000)")
     grade.add_argument("--trusted", action="store_true",
                        help="grade without a sandbox where none can be made (work you trust)")
+    grade.add_argument("--jobs", type=int, default=None,
+                       help="submissions graded at once, each in its own sandboxes (default: one "
+                            "per core, fewer where memory is short)")
     args = parser.parse_args(argv)
     if args.command == "student":
         written = write_edition(args.notebooks or CHAPTERS, args.out_dir)
@@ -34,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions} is not a folder")
-    if args.time_limit <= 0 or args.output_cap <= 0:
-        parser.error("--time-limit and --output-cap must be positive")
+    if args.time_limit <= 0 or args.output_cap <= 0 or (args.jobs is not None and args.jobs <= 0):
+        parser.error("--time-limit, --output-cap and --jobs must be positive")
     start = time.monotonic()
     try:
         results = grade_folder(args.submissions, time_limit=args.time_limit,
                                output_cap=args.output_cap, progress=print,
-                               trusted=args.trusted, hide=(args.out_dir,))
+                               trusted=args.trusted, hide=(args.out_dir,), jobs=args.jobs)
     except SandboxUnavailable as err:
         print(f"python -m tools.classroom grade: {err}", file=sys.stderr)
         return 2

@@ -22,7 +22,9 @@ import json
 import os
 import re
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -247,6 +249,23 @@ def _job(published: list, exercises: list, answers: list, time_limit: float,
 
 
 _UIDS = iter(range(FIRST_UID + (os.getpid() % 1000) * 1000, FIRST_UID + 2_000_000))
+_UIDS_LOCK = threading.Lock()   # submissions are graded in threads (grade_folder's ``jobs``)
+
+
+def _next_uid() -> int:
+    with _UIDS_LOCK:
+        return next(_UIDS)
+
+
+def default_jobs() -> int:
+    """Submissions graded at once: one per usable core (each sandbox is held to one CPU),
+    fewer where memory would not hold a sandbox's 2 GiB limit plus 1 GiB for each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 3 << 30
+    return max(1, min(cores or 1, memory // (3 << 30)))
 
 
 def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) -> dict:
@@ -264,7 +283,7 @@ def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) ->
     budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
     stdin = json.dumps(job).encode()
     if why_not() is None:
-        with Sandbox(next(_UIDS), hide=hide, readonly=(root,)) as box:
+        with Sandbox(_next_uid(), hide=hide, readonly=(root,)) as box:
             return box.run(argv, env=env, stdin=stdin, timeout=budget,
                            output_cap=output_cap, result_cap=RESULT_CAP)
     if not trusted:
@@ -376,10 +395,12 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
 
 def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 100_000,
                  chapters: list[Path] = CHAPTERS, trusted: bool = False, hide: tuple = (),
-                 progress: Callable[[str], None] = lambda line: None) -> list[Result]:
-    """Grade every ``*.ipynb`` under ``folder``, each in a sandbox of its own; one that cannot be
-    graded is reported, not fatal. Raises :class:`SandboxUnavailable` before grading anything
-    where no sandbox can be made, unless ``trusted``."""
+                 progress: Callable[[str], None] = lambda line: None,
+                 jobs: int | None = None) -> list[Result]:
+    """Grade every ``*.ipynb`` under ``folder``, each in a sandbox of its own, ``jobs`` of them
+    at once (default :func:`default_jobs`); one that cannot be graded is reported, not fatal.
+    Raises :class:`SandboxUnavailable` before grading anything where no sandbox can be made,
+    unless ``trusted``. The results (and ``progress`` lines) come in the files' sorted order."""
     reason = why_not()
     if reason is not None and not trusted:
         raise SandboxUnavailable(
@@ -389,14 +410,19 @@ def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 1
     if reason is None:
         sweep_stale()  # sandboxes left by a grader that was killed
     hide = (str(folder), *map(str, hide))
-    results = []
-    for path in sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
+    paths = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+    def one(path: Path) -> Result:
         try:
-            result = grade_notebook(path, time_limit=time_limit, output_cap=output_cap,
-                                    chapters=chapters, trusted=trusted, hide=hide)
+            return grade_notebook(path, time_limit=time_limit, output_cap=output_cap,
+                                  chapters=chapters, trusted=trusted, hide=hide)
         except Exception as err:  # noqa: BLE001 - the batch goes on
-            result = Result(str(path), None, error=f"{type(err).__name__}: {err}")
-        results.append(result)
-        progress(f"{path}: {result.chapter or '?'} {result.score}/{result.possible} "
-                 f"({result.seconds:.0f} s){' ' + result.error if result.error else ''}")
+            return Result(str(path), None, error=f"{type(err).__name__}: {err}")
+
+    results = []
+    with ThreadPoolExecutor(max(1, min(jobs or default_jobs(), len(paths) or 1))) as pool:
+        for path, result in zip(paths, pool.map(one, paths)):
+            results.append(result)
+            progress(f"{path}: {result.chapter or '?'} {result.score}/{result.possible} "
+                     f"({result.seconds:.0f} s){' ' + result.error if result.error else ''}")
     return results

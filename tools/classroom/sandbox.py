@@ -29,6 +29,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -41,6 +42,7 @@ _MS_REC, _MS_PRIVATE, _MS_BIND, _MS_REMOUNT = 0x4000, 0x40000, 0x1000, 0x20
 _PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG = 38, 1
 ROOT = Path("/sys/fs/cgroup")
 FIRST_UID = 61_000          # sandbox uids: FIRST_UID + n, never a real account here
+_SPAWN = threading.Lock()   # one fork at a time: the child runs Python (``_enter``) before exec
 
 
 def _libc() -> ctypes.CDLL:
@@ -72,10 +74,11 @@ def why_not() -> str | None:
                 "user, cgroup and namespaces")
     if _cgroup_roots() is None:
         return "no cgroup with the memory, pids and cpu controllers can be made here"
-    pid = os.fork()
-    if pid == 0:  # try the namespaces in a throwaway child
-        code = 0 if _libc().unshare(CLONE_NEWNS | CLONE_NEWNET) == 0 else 1
-        os._exit(code)
+    libc = _libc()   # loaded before the fork: the child only calls into it
+    with _SPAWN:     # (grade_folder's threads fork too)
+        pid = os.fork()
+        if pid == 0:  # try the namespaces in a throwaway child
+            os._exit(0 if libc.unshare(CLONE_NEWNS | CLONE_NEWNET) == 0 else 1)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         return "the kernel refuses new mount and network namespaces here"
@@ -177,12 +180,13 @@ class Sandbox:
         the first ``output_cap`` bytes of its output, its result pipe's bytes (bytes), the limit hit."""
         read, write = os.pipe()
         os.set_inheritable(write, True)
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=self.home,
-                                env={**env, "HOME": self.home, "TMPDIR": "/tmp",
-                                     "COURSE_RESULT_FD": str(write)},
-                                preexec_fn=lambda: self._enter(write), pass_fds=(write,))
-        os.close(write)
+        with _SPAWN:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, cwd=self.home,
+                                    env={**env, "HOME": self.home, "TMPDIR": "/tmp",
+                                         "COURSE_RESULT_FD": str(write)},
+                                    preexec_fn=lambda: self._enter(write), pass_fds=(write,))
+            os.close(write)
         try:
             proc.stdin.write(stdin)
             proc.stdin.close()
