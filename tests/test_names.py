@@ -143,3 +143,11 @@ def test_the_clean_exit_instruments_left_the_launcher_and_their_old_names_warn(m
     monkeypatch.setattr(exit_codes, "run", fake_run)
     with pytest.warns(DeprecationWarning, match=r"exit_statuses is deprecated: use run\("):
         assert exit_codes.exit_statuses(print, 3) == [0, 0, 0]
+
+
+def test_the_link_sweep_recorder_left_the_library_and_its_old_names_warn():
+    from course_lib.communication import link_sweep_record
+    for name in ("record", "main"):
+        with pytest.warns(DeprecationWarning, match=rf"{name} is deprecated: use {name} of "
+                                                    "benchmarks/record_link_sweep.py"):
+            assert getattr(link_sweep_record, name).__name__ == name

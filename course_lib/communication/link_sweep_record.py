@@ -4,7 +4,7 @@ Where namespaces cannot be made (no root, unprivileged user namespaces switched 
 Binder), chapter 5 shows ``data/link_sweep.json`` instead — clearly labelled as recorded on
 another machine, with that machine, the date and the command that reproduces it::
 
-    sudo python -m course_lib.communication.link_sweep_record --out data/link_sweep.json
+    sudo python benchmarks/record_link_sweep.py --out data/link_sweep.json
 
 (``sudo`` is not needed where ``unshare --user --map-root-user --net`` works.) The file is
 plain JSON, read with :func:`json.load` and checked field by field: nothing in it can run code.
@@ -13,17 +13,17 @@ tolerances, so the notebook's checked output does not depend on the machine.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from dataclasses import asdict, fields
+import runpy
+from dataclasses import fields
 from pathlib import Path
 from typing import Sequence
 
+from course_lib.common.deprecation import warn_renamed
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
-                                                 availability, link_sweep)
+                                                 link_sweep)
 
-__all__ = ["RECORDED_PATH", "RECORD_RATES", "Recorded", "record", "load_recorded",
+__all__ = ["RECORDED_PATH", "RECORD_RATES", "Recorded", "load_recorded",
            "live_or_recorded", "verdicts", "BYTES_TOLERANCE"]
 
 RECORDED_PATH = Path(__file__).resolve().parents[2] / "data" / "link_sweep.json"
@@ -38,19 +38,6 @@ class Recorded(list):
 
     meta: dict
     label: str
-
-
-def record(path: str | Path = RECORDED_PATH, rates: Sequence[float] = RECORD_RATES,
-           latency_ms: float = 0.0, steps: int = 3) -> list[LinkRow]:
-    """Run the sweep here and write it with this machine's facts to ``path`` (JSON)."""
-    from course_lib.common.recorded import machine_meta
-
-    rows = link_sweep(rates, latency_ms=latency_ms, steps=steps)
-    meta = {**machine_meta("python -m course_lib.communication.link_sweep_record --out "
-                           f"data/link_sweep.json --rates {' '.join(f'{r:g}' for r in rates)} "
-                           f"--steps {steps}"), "mode": availability()[0]}
-    Path(path).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    return rows
 
 
 def load_recorded(path: str | Path = RECORDED_PATH) -> Recorded:
@@ -119,23 +106,10 @@ def verdicts(rows: Sequence[LinkRow]) -> dict[str, bool]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Record the chapter-5 link sweep to JSON.")
-    parser.add_argument("--out", default=str(RECORDED_PATH))
-    parser.add_argument("--rates", nargs="+", type=float, default=list(RECORD_RATES))
-    parser.add_argument("--latency-ms", type=float, default=0.0)
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args(argv)
-    try:
-        rows = record(args.out, args.rates, args.latency_ms, args.steps)
-    except LinkSweepUnavailable as exc:
-        print(f"skipped: {exc.reason}")
-        sys.exit(2)
-    for row in rows:
-        print(f"{row.link:>22} {row.strategy:>5} step {row.step_s * 1e3:7.1f} ms  predicted "
-              f"{row.predicted_s * 1e3:7.1f} ms  sent {row.sent_bytes / 1e6:6.2f} MB")
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+def __getattr__(name: str):
+    """``record`` and ``main``, moved to ``benchmarks/record_link_sweep.py`` (issue 51): served
+    from that file of a source checkout, with a ``DeprecationWarning``, for one release."""
+    if name not in ("record", "main"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_renamed(f"{__name__}.{name}", f"{name} of benchmarks/record_link_sweep.py")
+    return runpy.run_path(str(RECORDED_PATH.parents[1] / "benchmarks" / "record_link_sweep.py"))[name]

@@ -138,7 +138,7 @@ def test_recorded_sweep_is_labelled_and_consistent():
     rows = rec.load_recorded()
     meta = rows.meta
     assert {"cpu", "cores", "torch", "date", "command"} <= set(meta)
-    assert "course_lib.communication.link_sweep_record" in meta["command"]
+    assert "benchmarks/record_link_sweep.py" in meta["command"]
     assert rows.label.startswith("RECORDED on another machine")
     assert {(r.rate_mbit, r.strategy) for r in rows} >= {(0, "ddp"), (100, "fsdp")}
     assert all(rec.verdicts(rows).values()), rec.verdicts(rows)
