@@ -35,7 +35,6 @@ DEPRECATED = [
     ("finetuning.memory", "measure_finetune", "course_lib.finetuning.footprint.measure_finetune"),
     ("deepspeed.census", "census", "course_lib.deepspeed.holdings.holdings"),
     ("deepspeed.census", "split_key_bias", "course_lib.deepspeed.holdings.split_key_bias"),
-    ("common.recorded", "_cpu_model", "cpu_model"),
     ("composition.layouts", "check_layout", "validate_layout"),
     *[(m, f"DDP_{n}BUCKET_BYTES", f"course_lib.data_parallel.buckets.DDP_{n}BUCKET_BYTES")
       for m in ("composition.predict", "capstone.predict") for n in ("", "FIRST_")],

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from course_lib.common import machine
-from course_lib.common.deprecation import renamed
 
 __all__ = ["SPEED_PATH", "cpu_model", "machine_meta", "save_record", "load_record",
            "live_or_recorded"]
@@ -101,5 +100,3 @@ def live_or_recorded(name: str, measure: Callable, fields: Iterable[str], needs_
     value, label = load_record(name, fields)
     return value, f"{why}.\n{label}"
 
-
-__getattr__ = renamed(__name__, {"_cpu_model": "cpu_model"})  # the name link_sweep_record imports
