@@ -16,8 +16,8 @@ chapter down); ``--gap SECONDS`` waits that long before each next chapter (a lea
 reading). ``--idle SECONDS`` (default: the launcher's ``COURSE_HELPER_IDLE_SECONDS``, 120) is
 the warm server's idle limit; after each chapter the table shows what its kernel's
 helper processes hold once that limit has passed, if ``--wait-idle`` is given. ``--breakdown``
-splits each peak by process role (kernel, warm server, ranks, torchrun, its workers) and names
-the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends
+splits each peak by process role (kernel, warm server, ranks, torchrun, its workers), each PSS
+with its USS (private pages) in brackets, and names the cell that ran then. Kernels get ``COURSE_PAUSE_SERVER=1`` unless it is set (torchrun ends
 the idle rank server for its job, as the launcher's default does under a pod's memory limit).
 ``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
 with the load), beside the fresh server's CPU seconds; ``--restart-ddp`` makes that run a DDP
@@ -60,7 +60,8 @@ INVITED = {
 
 def tree_pss(root_pids: list[int], roles: dict | None = None) -> int:
     """PSS in bytes of these processes and all their descendants (gone ones count 0); with
-    ``roles``, also add each process's PSS under its role (:func:`role_of`)."""
+    ``roles``, also add each process's ``[PSS, USS]`` under its role (:func:`role_of`): USS is
+    what the process holds alone (its private pages), what ending it would give back."""
     total, seen = 0, set()
     for pid in root_pids:
         try:
@@ -73,13 +74,14 @@ def tree_pss(root_pids: list[int], roles: dict | None = None) -> int:
                 continue
             seen.add(proc.pid)
             try:
-                pss = proc.memory_full_info().pss
+                info = proc.memory_full_info()
             except psutil.Error:
                 continue
-            total += pss
+            total += info.pss
             if roles is not None:
-                role = role_of(proc, root_pids)
-                roles[role] = roles.get(role, 0) + pss
+                split = roles.setdefault(role_of(proc, root_pids), [0, 0])
+                split[0] += info.pss
+                split[1] += info.uss
     return total
 
 
@@ -124,7 +126,7 @@ class Sampler:
 
     def __init__(self, roots: list[int], interval: float = 0.02):
         self.roots, self.interval, self.peak, self._stop = roots, interval, 0, threading.Event()
-        self.roles: dict[str, int] = {}
+        self.roles: dict[str, list[int]] = {}
         self.cell, self.current = None, None
 
     def __enter__(self) -> "Sampler":
@@ -133,7 +135,7 @@ class Sampler:
         return self
 
     def _sample(self) -> None:
-        roles: dict[str, int] = {}
+        roles: dict[str, list[int]] = {}
         cell = self.current
         total = tree_pss(self.roots, roles)
         if total > self.peak:
@@ -186,8 +188,9 @@ def run_chapter(path: str, km: KernelManager, sampler_roots: list[int]) -> "Samp
 
 
 def breakdown(sampler: "Sampler") -> str:
-    """The peak sample split by role, e.g. ``kernel 0.31, warm server 0.22, ranks 0.18``."""
-    parts = [f"{role} {sampler.roles[role] / GIB:.2f}" for role in ROLES if sampler.roles.get(role)]
+    """The peak sample split by role, PSS (USS), e.g. ``kernel 0.31 (0.29), ranks 0.18 (0.02)``."""
+    parts = [f"{role} {sampler.roles[role][0] / GIB:.2f} ({sampler.roles[role][1] / GIB:.2f})"
+             for role in ROLES if sampler.roles.get(role)]
     return f"cell {sampler.cell}: " + ", ".join(parts)
 
 
