@@ -73,10 +73,11 @@ def predict_peak(config: GPTConfig, layout: Layout, batch_size: int, states: dic
     return rank_prediction(config, layout, batch_size, rank, 0.0, states)[1]
 
 
-def comm_per_step(config: GPTConfig, layout: Layout, batch_size: int,
-                  states: dict) -> list[tuple[str, str, int, int, int]]:
-    """One rank's collectives per training step (:func:`rank_prediction`'s) for its ``states``."""
-    return rank_work(config, layout, batch_size, 0.0, states)[2]
+def comm_per_step(config: GPTConfig, layout: Layout, batch_size: int, states: dict,
+                  rank: int = 0) -> list[tuple[str, str, int, int, int]]:
+    """Global ``rank``'s collectives per training step (:func:`rank_prediction`'s) for its
+    ``states``."""
+    return rank_work(config, layout, batch_size, 0.0, states, rank)[2]
 
 
 def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
@@ -95,11 +96,11 @@ def collective_seconds(link: AlphaBeta, collective: str, n_bytes: float, p: int,
 
 
 def rank_work(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
-              states: dict) -> tuple[float, float, list]:
-    """One rank's share of a step of ``flops`` (global batch), before it runs: its FLOPs
+              states: dict, rank: int = 0) -> tuple[float, float, list]:
+    """Global ``rank``'s share of a step of ``flops`` (global batch), before it runs: its FLOPs
     (split over dp × tp × pp), the stretch of chapter 04's bubble (one micro-batch: the stages
     take turns) and its :func:`comm_per_step`. :func:`step_time` turns it into seconds."""
-    return rank_prediction(config, layout, batch_size, 0, flops, states)[2]
+    return rank_prediction(config, layout, batch_size, rank, flops, states)[2]
 
 
 def step_time(work: tuple[float, float, list], matmul_peak: float,
@@ -130,5 +131,6 @@ def slowest(works: list[tuple], constants: dict) -> dict[str, float]:
 
 def slowest_step(config: GPTConfig, layout: Layout, batch_size: int, flops: float,
                  ranks: list[dict], constants: dict) -> dict[str, float]:
-    """:func:`slowest` of the :func:`rank_work` of ``ranks`` (each rank's states)."""
-    return slowest([rank_work(config, layout, batch_size, flops, b) for b in ranks], constants)
+    """:func:`slowest` of the :func:`rank_work` of ``ranks`` (global rank r's states at r)."""
+    return slowest([rank_work(config, layout, batch_size, flops, b, r) for r, b in enumerate(ranks)],
+                   constants)

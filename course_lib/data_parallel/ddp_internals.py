@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single, validate_run
+from course_lib.data_parallel.measure import TOLERANCE, max_diff, train_single, validate_dp_run
 from course_lib.launcher.launch import run
 
 __all__ = ["BucketLog", "recording_allreduce_hook", "bytes_written", "expected_bytes",
@@ -135,7 +135,7 @@ def measure_dp(world: int = 2, preset: str = "small", local_batch: int = 4, seq_
 
     ``bucket_cap_mb=None`` keeps DDP's default (25 MiB, first bucket 1 MiB).
     """
-    validate_run(world, preset, local_batch=local_batch, seq_len=seq_len, timed_steps=timed_steps)
+    validate_dp_run(world, preset, local_batch=local_batch, seq_len=seq_len, timed_steps=timed_steps)
     if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
                                           and bucket_cap_mb > 0):
         raise ValueError(f"bucket_cap_mb must be a number > 0 (or None), got {bucket_cap_mb!r}")
@@ -180,7 +180,7 @@ def compare_accumulation(world: int = 2, micro_steps: int = 4, local_batch: int 
     the weights (with and without ``no_sync``) against one process, the ranks' spread, and the
     bytes rank 0 sent per optimizer step in both cases.
     """
-    validate_run(world, "tiny", local_batch=local_batch, seq_len=seq_len, micro_steps=micro_steps)
+    validate_dp_run(world, "tiny", local_batch=local_batch, seq_len=seq_len, micro_steps=micro_steps)
     out = {"world": world, "micro_steps": micro_steps,
            "global_batch": world * micro_steps * local_batch}
     for use_no_sync in (True, False):

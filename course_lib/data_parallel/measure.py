@@ -25,7 +25,7 @@ from course_lib.launcher import devices
 from course_lib.launcher.launch import run
 
 __all__ = ["TOLERANCE", "max_diff", "train_steps", "train_single", "train_rank_dp",
-           "DDPComparison", "compare_ddp", "validate_run"]
+           "DDPComparison", "compare_ddp", "validate_dp_run"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -143,7 +143,7 @@ def _both_modes(steps, local_batch, seq_len, lr, seed, preset, sync=None, broadc
     return out
 
 
-def validate_run(world: int, preset: str, **counts: int) -> None:
+def validate_dp_run(world: int, preset: str, **counts: int) -> None:
     """Raise ``ValueError`` before any rank starts: a world this machine cannot place, a count
     below 1, or a ``seq_len`` longer than the preset's."""
     devices.place(world)
@@ -164,7 +164,7 @@ def compare_ddp(world: int = 2, steps: int = 3, local_batch: int = 4, seq_len: i
     ``check=True`` it also asserts (:data:`TOLERANCE`) that both equal one process and that all
     ranks hold bit-identical parameters.
     """
-    validate_run(world, preset, steps=steps, local_batch=local_batch, seq_len=seq_len)
+    validate_dp_run(world, preset, steps=steps, local_batch=local_batch, seq_len=seq_len)
     # CPU + gloo even where GPUs exist (the lesson is the arithmetic); one core per rank
     per_rank = run(_both_modes, world, steps, local_batch, seq_len, lr, seed, preset, sync,
                    broadcast, device="cpu", threads=1)

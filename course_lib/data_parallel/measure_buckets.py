@@ -24,7 +24,7 @@ from course_lib.common.checks import positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.data_parallel.buckets import DDPByHand
-from course_lib.data_parallel.measure import TOLERANCE, _params, max_diff, train_single, validate_run
+from course_lib.data_parallel.measure import TOLERANCE, _params, max_diff, train_single, validate_dp_run
 from course_lib.launcher.launch import run
 
 __all__ = ["DEFAULT_CAP_BYTES", "SCENARIOS", "SCENARIO_TOLERANCE", "within", "ByHandComparison",
@@ -184,7 +184,7 @@ def compare_by_hand(ddp_class: type = DDPByHand, world: int = 2,
                     local_batch: int = 4, seq_len: int = 32, *,
                     cap_bytes: int = DEFAULT_CAP_BYTES, seed: int = 0) -> ByHandComparison:
     """Train ``ddp_class(model, bucket_cap_mb=...)`` and torch's DDP per scenario; compare."""
-    validate_run(world, "tiny", steps=steps, local_batch=local_batch, seq_len=seq_len)
+    validate_dp_run(world, "tiny", steps=steps, local_batch=local_batch, seq_len=seq_len)
     if not isinstance(ddp_class, type):
         raise TypeError(f"pass the class itself (DDPByHand, no parentheses), got "
                         f"{type(ddp_class).__name__}")

@@ -81,7 +81,7 @@ def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes()
     from course_lib.composition.predict import collective_seconds, comm_per_step, root_bytes
     from course_lib.common.models import get_config
     from course_lib.communication.alphabeta import AlphaBeta, ring_allreduce_time
-    from course_lib.composition.layouts import predict_gpt_bytes
+    from course_lib.composition.layouts import predict_gpt_bytes, predict_pp_bytes
     c, link = get_config("tiny"), AlphaBeta(1e-4, 1e-9)
     ddp = predict_gpt_bytes(c, Layout(dp=2))
     rows = {what: row for what, *row in comm_per_step(c, Layout(dp=2), 8, ddp)}
@@ -98,6 +98,11 @@ def test_communication_per_step_is_chapter_05s_alpha_beta_on_the_layouts_bytes()
     assert rows["TP's block all-reduces"] == ["all_reduce", 4 * c.n_layer * bsh, 2, 4 * c.n_layer]
     rows = {what: row for what, *row in comm_per_step(c, Layout(pp=2), 8, fsdp)}
     assert rows["PP's activation, its gradient and the loss"] == ["send", 2 * bsh + 4, 2, 3]
+    both = Layout(pp=2, dp_shard=2)  # the last stage's FSDP2 root is ln_f and lm_head
+    last = next(r for r in range(both.world) if both.stage_of(r) == 1)
+    states = predict_pp_bytes(c, both, 1)
+    rows = {what: row for what, *row in comm_per_step(c, both, 8, states, rank=last)}
+    assert rows["FSDP2's parameter all-gathers"][1] == 2 * 2 * states["params"] - root_bytes(c, 1, 2)
 
 
 def _calls_in_the_second_step(layout: Layout, preset: str) -> dict:
