@@ -7,11 +7,13 @@ module's ``__all__`` (``import *`` does not warn). ``tests/test_names.py`` check
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["renamed", "warn_renamed"]
+__all__ = ["renamed", "warn_renamed", "moved_to_benchmark"]
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
@@ -32,4 +34,20 @@ def renamed(module: str, names: dict[str, str]) -> Callable[[str], Any]:
         home, _, attr = new.rpartition(".") if "." in new else (module, "", new)
         warn_renamed(f"{module}.{name}", new if "." in new else f"{module}.{new}")
         return getattr(sys.modules.get(home) or importlib.import_module(home), attr)
+    return __getattr__
+
+
+def moved_to_benchmark(module: str, names: tuple[str, ...], script: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving ``names``, which moved to ``benchmarks/<script>``: loaded
+    from that file of a source checkout on each use, with a warning naming it."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / script
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warn_renamed(f"{module}.{name}", f"{name} of benchmarks/{script}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return getattr(loaded, name)
     return __getattr__

@@ -14,12 +14,11 @@ tolerances, so the notebook's checked output does not depend on the machine.
 from __future__ import annotations
 
 import json
-import runpy
 from dataclasses import fields
 from pathlib import Path
 from typing import Sequence
 
-from course_lib.common.deprecation import warn_renamed
+from course_lib.common.deprecation import moved_to_benchmark
 from course_lib.communication.link_sweep import (STEP_FACTOR, LinkRow, LinkSweepUnavailable,
                                                  link_sweep)
 
@@ -106,10 +105,4 @@ def verdicts(rows: Sequence[LinkRow]) -> dict[str, bool]:
     return out
 
 
-def __getattr__(name: str):
-    """``record`` and ``main``, moved to ``benchmarks/record_link_sweep.py`` (issue 51): served
-    from that file of a source checkout, with a ``DeprecationWarning``, for one release."""
-    if name not in ("record", "main"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warn_renamed(f"{__name__}.{name}", f"{name} of benchmarks/record_link_sweep.py")
-    return runpy.run_path(str(RECORDED_PATH.parents[1] / "benchmarks" / "record_link_sweep.py"))[name]
+__getattr__ = moved_to_benchmark(__name__, ("record", "main"), "record_link_sweep.py")  # issue 51
