@@ -22,6 +22,8 @@ the idle rank server for its job, as the launcher's default does under a pod's m
 ``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
 with the load), beside the fresh server's CPU seconds; ``--restart-ddp`` makes that run a DDP
 step with an optimizer (what most chapters' runs do; its ranks need ``torch._dynamo``).
+``COURSE_TORCHRUN_WORKERS=fork`` in the environment measures torchrun's workers forked from
+its agent (:mod:`course_lib.launcher._forked_workers`); the header names the mode.
 """
 from __future__ import annotations
 
@@ -278,7 +280,8 @@ def main() -> None:
         paths = [p for p in paths if os.path.basename(p)[:2] in args.chapters]
     server = idle_server_pss()
     print(f"{date.today()}, {platform.node()}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}; idle JupyterLab server: {server / GIB:.2f} GiB PSS")
+          f"load {os.getloadavg()[0]:.1f}; idle JupyterLab server: {server / GIB:.2f} GiB PSS; "
+          f"torchrun workers: {os.environ.get('COURSE_TORCHRUN_WORKERS', 'fresh')}")
     print(f"{'chapter':<36}{'kernel+children':>16}{'+ server':>10}{'idle helper':>13}")
     open_kernels: list[KernelManager] = []
     try:

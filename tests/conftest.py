@@ -26,6 +26,7 @@ CLOCK = (
     "tests/launcher/test_rank_error.py",
     "tests/launcher/test_torchrun.py",
     "tests/launcher/test_torchrun_store.py",
+    "tests/launcher/test_forked_workers.py",
     "tests/launcher/test_warm_start.py",
     "tests/launcher/test_idle_server.py",
     # deadlines, and kills at a moment

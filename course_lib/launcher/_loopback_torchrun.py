@@ -19,6 +19,8 @@ import traceback
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
+from course_lib.launcher import _forked_workers
+
 _LOCAL = ("127.0.0.1", "localhost")
 
 
@@ -37,6 +39,8 @@ class LoopbackTCPStore(dist.TCPStore):
 def _main() -> int:
     """torchrun's ``main``; its exit status. An error prints as an uncaught one would."""
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+    if os.environ.get("COURSE_TORCHRUN_WORKERS") == "fork":  # opt-in, issue 50
+        _forked_workers.install()
     sys.argv[0] = "torchrun"
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)

@@ -29,6 +29,7 @@ from typing import Sequence
 import torch.distributed as dist
 
 from course_lib.launcher import _reaper, devices, progress
+from course_lib.launcher._forked_workers import worker_mode
 from course_lib.launcher._torchrun_errors import (SHARED_LOOPBACK_RISK, SharedLoopbackError,
                                                   TorchrunError)
 
@@ -39,7 +40,6 @@ __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed"
 #: The reaper's parent side (:func:`course_lib.launcher._reaper.start`): chapter 05's nodes use it.
 start_reaped = _reaper.start
 ALLOW_SHARED_LOOPBACK = "COURSE_ALLOW_SHARED_LOOPBACK"  # =1: the opt-in, for a whole session
-
 
 
 def shared_loopback_allowed(flag: bool | None) -> bool:
@@ -116,6 +116,7 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     allow_shared_loopback = shared_loopback_allowed(allow_shared_loopback)
+    worker_mode()  # COURSE_TORCHRUN_WORKERS: a bad value fails here (the agent reads it)
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
     # the job gets a private temp folder, removed afterwards (with what the workers left there)
     from course_lib.launcher.launch import server_paused  # no idle rank server beside torchrun

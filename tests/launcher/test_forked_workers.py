@@ -1,0 +1,51 @@
+"""COURSE_TORCHRUN_WORKERS=fork: torchrun's workers forked from its agent, torch preloaded (issue 50).
+
+The same torchrun (agent, rendezvous, log prefixes, exit codes); each worker must still see what
+``python -u SCRIPT`` gives it (``__main__``, ``sys.argv``, its rank's environment) and fail as
+one would (its rank and traceback named).
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from course_lib.launcher.torchrun import TorchrunError, torchrun
+
+SCRIPT = """
+import os, sys
+preloaded = "torch._dynamo" in sys.modules  # imported before this line only in a forked worker
+from course_lib.launcher.torchrun import init_distributed
+rank, world = init_distributed()
+print(f"seen {__name__} {sys.argv[1:]} {os.environ['LOCAL_RANK']} {preloaded}", flush=True)
+if rank == 1 and "fail" in sys.argv:
+    raise RuntimeError("rank one gives up")
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "fresh"])
+def test_a_worker_sees_what_a_fresh_interpreter_would(tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", mode)
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    job = torchrun(str(script), 2, ["x", "7"], quiet=True, timeout=120)
+    seen = sorted(line for line in job.output.splitlines() if " seen " in line)
+    preloaded = mode == "fork"  # the forked workers found torch._dynamo already there
+    assert seen == [f"[rank {r}] seen __main__ ['x', '7'] {r} {preloaded}" for r in range(2)], \
+        job.output
+
+
+def test_a_forked_worker_that_fails_is_named_with_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", "fork")
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    with pytest.raises(TorchrunError) as info:
+        torchrun(str(script), 2, ["fail"], quiet=True, timeout=120)
+    assert info.value.rank == 1 and info.value.returncode != 0
+    assert "RuntimeError: rank one gives up" in str(info.value)
+
+
+def test_a_bad_mode_fails_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", "spawn")
+    with pytest.raises(ValueError, match="COURSE_TORCHRUN_WORKERS must be fresh or fork"):
+        torchrun(__file__, 2)
