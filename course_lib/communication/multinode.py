@@ -28,7 +28,7 @@ from course_lib.launcher.launch import server_paused
 from course_lib.launcher.torchrun import (ALLOW_SHARED_LOOPBACK, SHARED_LOOPBACK_RISK,
                                           SharedLoopbackError, private_run_env,
                                           shared_loopback_allowed, start_reaped,
-                                          torchrun_command, warn_shared_network)
+                                          torchrun_command, warn_shared_network, worker_mode)
 
 __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_nodes",
            "reference_params", "netns_available", "two_namespaces"]
@@ -145,6 +145,7 @@ def run_two_nodes(script: str = SCRIPT, nprocs_per_node: int = 1, args: Sequence
     commands = two_node_commands(script, nprocs_per_node, [str(a) for a in args], free_port())
     threads = max(1, devices.usable_cores() // (2 * nprocs_per_node))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+           "COURSE_TORCHRUN_WORKERS": worker_mode(),  # forked in a pod (issue 50)
            **private_run_env()}  # one random rendezvous id for both agents
     # the same torchrun, stores on 127.0.0.1 only, no interpreter teardown (_loopback_torchrun)
     argv = [[sys.executable, "-m", "course_lib.launcher._loopback_torchrun", *cmd[3:]]

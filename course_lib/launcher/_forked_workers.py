@@ -1,29 +1,35 @@
-"""Opt-in (``COURSE_TORCHRUN_WORKERS=fork``): torchrun's agent forks its workers, torch preloaded.
+"""torchrun's workers forked from its agent with torch preloaded: the default in a learner's pod.
 
 torchrun starts each worker as ``python -u SCRIPT`` (its ``SubprocessHandler``): a fresh
 interpreter that imports torch and, once a script builds DDP or steps an optimizer,
-``torch._dynamo`` again (~0.24 GiB of private pages each; issue 50). With this mode,
+``torch._dynamo`` again (~0.24 GiB of private pages each; issue 50). In ``fork`` mode
 :mod:`course_lib.launcher._loopback_torchrun` imports those once in the agent (``install``), and
 the agent's ``Popen`` of a worker forks it instead: same session, log files, environment,
-``sys.argv``, ``__main__`` (kept to the end), exit status and signals. Workers
-share the agent's pages copy-on-write. Off by default: chapter 00 teaches that each rank is a
-fresh interpreter (and its timing shows it); the benchmark measures both.
+``sys.argv``, ``__main__`` (kept to the end), exit status and signals; the workers share the
+agent's pages copy-on-write. ``auto`` (default) forks in a small pod (as ``server_paused``
+pauses) and keeps torchrun's fresh interpreters elsewhere; the benchmark measures both.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 
+from course_lib.launcher._server_cache import pauses_for_torchrun
 from course_lib.launcher._warm import _PRELOAD
 
-MODES = ("fresh", "fork")
+MODES = ("auto", "fresh", "fork")
 
 
 def worker_mode() -> str:
-    """``COURSE_TORCHRUN_WORKERS``: ``fresh`` (default, torchrun's own way) or ``fork``."""
-    mode = os.environ.get("COURSE_TORCHRUN_WORKERS", "fresh")
+    """How torchrun's agent starts its workers, from ``COURSE_TORCHRUN_WORKERS``: ``fresh``
+    (torchrun's own ``python -u SCRIPT``), ``fork`` (forked from the agent), or ``auto``
+    (default): ``fork`` where :func:`pauses_for_torchrun` (a pod of 4 GiB or less), else
+    ``fresh``. The launcher passes the answer to the agent in the same variable."""
+    mode = os.environ.get("COURSE_TORCHRUN_WORKERS", "auto")
     if mode not in MODES:
-        raise ValueError(f"COURSE_TORCHRUN_WORKERS must be fresh or fork, got {mode!r}")
+        raise ValueError(f"COURSE_TORCHRUN_WORKERS must be auto, fresh or fork, got {mode!r}")
+    if mode == "auto":
+        return "fork" if pauses_for_torchrun() else "fresh"
     return mode
 
 

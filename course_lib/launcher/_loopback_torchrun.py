@@ -39,7 +39,7 @@ class LoopbackTCPStore(dist.TCPStore):
 def _main() -> int:
     """torchrun's ``main``; its exit status. An error prints as an uncaught one would."""
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
-    if os.environ.get("COURSE_TORCHRUN_WORKERS") == "fork":  # opt-in, issue 50
+    if os.environ.get("COURSE_TORCHRUN_WORKERS") == "fork":  # the launcher's choice (issue 50)
         _forked_workers.install()
     sys.argv[0] = "torchrun"
     try:

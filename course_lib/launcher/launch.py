@@ -49,17 +49,37 @@ def serve_from_here() -> None:
 @contextmanager
 def server_paused():
     """End this process's warm server for the block (where :func:`pauses_for_torchrun`) and, if
-    one was running, start it again in the background after it. :func:`course_lib.torchrun` runs
-    inside it: its agent and workers import torch themselves, and an idle server beside them
-    (torch loaded, about a quarter GiB) only adds to the chapter's peak (issue 50)."""
+    one was running, start it again in the background once the notebook cell has finished (at
+    once outside IPython). :func:`course_lib.torchrun` runs inside it: its agent and workers
+    import torch themselves, and an idle server beside them (torch loaded, about a quarter GiB)
+    only adds to the chapter's peak, as would one restarting beside the rest of the cell
+    (``%%torchrun``'s one-process reference; issue 50). A ``run`` before then starts it itself."""
     ended = pauses_for_torchrun() and _SERVERS.end()
     _trim_heap()
     try:
         yield
     finally:
         if ended:
-            with contextlib.suppress(OSError):  # none could start now: the next run tries again
-                _SERVERS.get(wait=False)
+            _after_cell(_restart_server)
+
+
+def _restart_server(*_) -> None:
+    with contextlib.suppress(OSError):  # none could start now: the next run tries again
+        _SERVERS.get(wait=False)
+
+
+def _after_cell(callback: Callable) -> None:
+    """Call ``callback`` once the running IPython cell has finished, or now outside IPython."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        callback()
+        return
+
+    def once(*args) -> None:
+        shell.events.unregister("post_run_cell", once)
+        callback(*args)
+    shell.events.register("post_run_cell", once)
 
 
 def _trim_heap() -> None:

@@ -35,7 +35,7 @@ from course_lib.launcher._torchrun_errors import (SHARED_LOOPBACK_RISK, SharedLo
 
 __all__ = ["torchrun", "torchrun_command", "cluster_command", "init_distributed", "TorchrunError",
            "SharedLoopbackError", "ALLOW_SHARED_LOOPBACK", "SHARED_LOOPBACK_RISK",
-           "shared_loopback_allowed", "exit_without_finalizing", "start_reaped"]
+           "shared_loopback_allowed", "exit_without_finalizing", "start_reaped", "worker_mode"]
 
 #: The reaper's parent side (:func:`course_lib.launcher._reaper.start`): chapter 05's nodes use it.
 start_reaped = _reaper.start
@@ -116,7 +116,7 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     if not module and not os.path.isfile(target):
         raise FileNotFoundError(f"no script {target!r}; pass module=True for a module name")
     allow_shared_loopback = shared_loopback_allowed(allow_shared_loopback)
-    worker_mode()  # COURSE_TORCHRUN_WORKERS: a bad value fails here (the agent reads it)
+    env = {**(env or {}), "COURSE_TORCHRUN_WORKERS": worker_mode()}  # a bad value fails here
     # torchrun's agent makes a torchelastic_* folder in the temp folder and never removes it:
     # the job gets a private temp folder, removed afterwards (with what the workers left there)
     from course_lib.launcher.launch import server_paused  # no idle rank server beside torchrun
@@ -124,7 +124,7 @@ def torchrun(target: str, nprocs: int = 2, args: Sequence[str] = (), *, max_rest
     try:
         with server_paused():
             return _torchrun(target, nprocs, args, max_restarts, timeout, module,
-                             {**(env or {}), "TMPDIR": tmp}, quiet, allow_shared_loopback)
+                             {**env, "TMPDIR": tmp}, quiet, allow_shared_loopback)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

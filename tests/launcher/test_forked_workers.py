@@ -1,4 +1,5 @@
-"""COURSE_TORCHRUN_WORKERS=fork: torchrun's workers forked from its agent, torch preloaded (issue 50).
+"""COURSE_TORCHRUN_WORKERS: torchrun's workers forked from its agent, torch preloaded (issue 50),
+by default in a learner's pod (``auto``: where the warm server is paused for torchrun).
 
 The same torchrun (agent, rendezvous, log prefixes, exit codes); each worker must still see what
 ``python -u SCRIPT`` gives it (``__main__``, ``sys.argv``, its rank's environment) and fail as
@@ -10,7 +11,7 @@ import textwrap
 
 import pytest
 
-from course_lib.launcher.torchrun import TorchrunError, torchrun
+from course_lib.launcher.torchrun import TorchrunError, torchrun, worker_mode
 
 SCRIPT = """
 import os, sys
@@ -47,5 +48,14 @@ def test_a_forked_worker_that_fails_is_named_with_its_traceback(tmp_path, monkey
 
 def test_a_bad_mode_fails_before_any_process_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", "spawn")
-    with pytest.raises(ValueError, match="COURSE_TORCHRUN_WORKERS must be fresh or fork"):
+    with pytest.raises(ValueError, match="COURSE_TORCHRUN_WORKERS must be auto, fresh or fork"):
         torchrun(__file__, 2)
+
+
+@pytest.mark.parametrize("pause, mode", [("1", "fork"), ("0", "fresh")])
+def test_auto_forks_where_the_pod_is_small(monkeypatch, pause, mode):
+    monkeypatch.delenv("COURSE_TORCHRUN_WORKERS", raising=False)
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", pause)  # 1: as in a pod of 4 GiB or less
+    assert worker_mode() == mode
+    monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", "fresh" if mode == "fork" else "fork")
+    assert worker_mode() != mode  # an explicit choice wins

@@ -83,6 +83,28 @@ def test_torchrun_ends_the_idle_server_while_it_runs_and_starts_it_again_after(m
     assert run(dist.get_rank, 2) == [0, 1]                              # background; it serves
 
 
+def test_in_a_notebook_the_server_starts_again_only_once_the_cell_has_finished(monkeypatch,
+                                                                            cache):
+    """In a cell, what follows torchrun (``%%torchrun``'s one-process reference imports torch
+    too) would run beside a restarting server: it starts after the cell (issue 50)."""
+    from IPython.core.events import EventManager, available_events
+    import IPython
+
+    class Shell:
+        events = EventManager(None, available_events)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell)
+    monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")
+    assert run(dist.get_rank, 2) == [0, 1]
+    first = cache._server
+    with launch.server_paused():
+        assert cache._server is None
+    assert cache._server is None, "started again before the cell finished"
+    Shell.events.trigger("post_run_cell", None)
+    assert cache._server is not None and cache._server is not first
+    assert Shell.events.callbacks["post_run_cell"] == []  # once, not after every cell
+    assert run(dist.get_rank, 2) == [0, 1]
+
+
 def test_a_server_in_use_or_never_started_is_not_paused(monkeypatch, cache):
     monkeypatch.setenv("COURSE_PAUSE_SERVER", "1")
     with launch.server_paused():  # none running: nothing ended, none started after
