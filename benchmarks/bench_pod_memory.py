@@ -22,8 +22,9 @@ the idle rank server for its job, as the launcher's default does under a pod's m
 ``--restart-wait N`` only times the first ``run`` after an idle end, N times (min and median,
 with the load), beside the fresh server's CPU seconds; ``--restart-ddp`` makes that run a DDP
 step with an optimizer (what most chapters' runs do; its ranks need ``torch._dynamo``).
-``COURSE_TORCHRUN_WORKERS=fork`` in the environment measures torchrun's workers forked from
-its agent (:mod:`course_lib.launcher._forked_workers`); the header names the mode.
+torchrun's workers are then forked from its agent, as in a pod
+(:mod:`course_lib.launcher._forked_workers`); ``COURSE_TORCHRUN_WORKERS=fresh`` measures
+torchrun's own fresh interpreters instead; the header names the mode.
 """
 from __future__ import annotations
 
@@ -120,6 +121,14 @@ def role_of(proc: psutil.Process, kernels: list[int]) -> str:
     if "_reaper" in line or "_loopback_torchrun" in line or "torch.distributed.run" in line:
         return "torchrun"
     return "other"
+
+
+def worker_mode_of_kernels() -> str:
+    """How the kernels' torchrun starts its workers (they get ``COURSE_PAUSE_SERVER=1``)."""
+    mode = os.environ.get("COURSE_TORCHRUN_WORKERS", "auto")
+    if mode == "auto":
+        return "fork" if os.environ.get("COURSE_PAUSE_SERVER", "1") == "1" else "fresh"
+    return mode
 
 
 class Sampler:
@@ -281,7 +290,7 @@ def main() -> None:
     server = idle_server_pss()
     print(f"{date.today()}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}; idle JupyterLab server: {server / GIB:.2f} GiB PSS; "
-          f"torchrun workers: {os.environ.get('COURSE_TORCHRUN_WORKERS', 'fresh')}")
+          f"torchrun workers: {worker_mode_of_kernels()}")
     print(f"{'chapter':<36}{'kernel+children':>16}{'+ server':>10}{'idle helper':>13}")
     open_kernels: list[KernelManager] = []
     try:
