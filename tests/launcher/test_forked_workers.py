@@ -59,3 +59,17 @@ def test_auto_forks_where_the_pod_is_small(monkeypatch, pause, mode):
     assert worker_mode() == mode
     monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", "fresh" if mode == "fork" else "fork")
     assert worker_mode() != mode  # an explicit choice wins
+
+
+@pytest.mark.parametrize("script", ["ddp.py", "fsdp.py"])
+def test_a_chapter_script_prints_the_same_forked_as_fresh(monkeypatch, script):
+    """What a pod runs (forked workers) against torchrun's own fresh interpreters: the same
+    losses, and the forked job ends (ddp.py once hung at its end when forked: its ``__main__``
+    was freed while it ran)."""
+    path = f"course_lib/scripts/{script}"
+    outputs = {}
+    for mode in ("fresh", "fork"):
+        monkeypatch.setenv("COURSE_TORCHRUN_WORKERS", mode)
+        job = torchrun(path, 2, quiet=True, timeout=120)
+        outputs[mode] = [line for line in job.output.splitlines() if "loss" in line]
+    assert outputs["fresh"] and outputs["fork"] == outputs["fresh"], outputs
