@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import linecache
 import os
 import selectors
@@ -55,7 +56,7 @@ def server_paused():
     only adds to the chapter's peak, as would one restarting beside the rest of the cell
     (``%%torchrun``'s one-process reference; issue 50). A ``run`` before then starts it itself."""
     ended = pauses_for_torchrun() and _SERVERS.end()
-    _trim_heap()
+    give_back_heap()
     try:
         yield
     finally:
@@ -82,11 +83,15 @@ def _after_cell(callback: Callable) -> None:
     shell.events.register("post_run_cell", once)
 
 
-def _trim_heap() -> None:
-    """In a learner's pod (:func:`pauses_for_torchrun`), before ranks or torchrun start: give the
-    kernel's freed heap back to the system (glibc keeps it for reuse; after chapter 09's
-    in-kernel reference step, ~0.07 GiB, in ~20 ms). Elsewhere nothing: no run pays for it."""
+def give_back_heap(collect: bool = False) -> None:
+    """In a learner's pod (:func:`pauses_for_torchrun`): hand the freed heap glibc keeps for
+    reuse back to the system (``malloc_trim(0)``; after chapter 09's in-kernel reference step
+    ~0.07 GiB, in ~20 ms), after a garbage collection if ``collect``. The kernel calls it before
+    ranks or torchrun start. Elsewhere (and where the C library is not glibc) nothing: no nbval
+    run pays for it (issue 50)."""
     if pauses_for_torchrun():
+        if collect:
+            gc.collect()
         with contextlib.suppress(AttributeError, OSError):  # not glibc (macOS)
             ctypes.CDLL(None).malloc_trim(0)
 
@@ -165,7 +170,7 @@ def run(fn: Callable[..., Any], nprocs: int = 2, *args: Any, backend: str | None
     context = {"sys_path": list(sys.path), "cwd": os.getcwd(), "environ": dict(os.environ),
                "debug": level}
     try:
-        _trim_heap()
+        give_back_heap()
         with _SERVERS.using() as server:
             phases.append(("server ready", time.monotonic()))
             return _launch(server, fn, placement, payload, timeout, report, start, phases,

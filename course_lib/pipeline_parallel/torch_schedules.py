@@ -22,7 +22,7 @@ import torch.distributed as dist
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.launcher import devices
-from course_lib.launcher.launch import run
+from course_lib.launcher.launch import give_back_heap, run
 from course_lib.launcher.progress import report
 from course_lib.pipeline_parallel.bubble import MIN_CORE_SHARE
 from course_lib.pipeline_parallel.measure import BUBBLE_CONFIG, _data
@@ -75,6 +75,7 @@ def _torch_schedules_rank(config: GPTConfig, schedules: tuple[str, ...], m: int,
     out = {}
     for k, name in enumerate(schedules):
         out[name] = _torch_schedule_rank(config, name, m, batch, steps, seed)
+        give_back_heap(collect=True)  # in a pod, the next schedule starts from a smaller heap
         if dist.get_rank() == 0:
             report(k + 1, len(schedules))
     return out
