@@ -64,7 +64,7 @@ def server_paused():
             _after_cell(_restart_server)
 
 
-def _restart_server(*_) -> None:
+def _restart_server(*_) -> None:  # noqa: D103
     with contextlib.suppress(OSError):  # none could start now: the next run tries again
         _SERVERS.get(wait=False)
 
@@ -84,11 +84,9 @@ def _after_cell(callback: Callable) -> None:
 
 
 def give_back_heap(collect: bool = False) -> None:
-    """In a learner's pod (:func:`pauses_for_torchrun`): hand the freed heap glibc keeps for
-    reuse back to the system (``malloc_trim(0)``; after chapter 09's in-kernel reference step
-    ~0.07 GiB, in ~20 ms), after a garbage collection if ``collect``. The kernel calls it before
-    ranks or torchrun start. Elsewhere (and where the C library is not glibc) nothing: no nbval
-    run pays for it (issue 50)."""
+    """In a learner's pod (:func:`pauses_for_torchrun`), the kernel before ranks or torchrun
+    start: hand glibc's freed heap back (``malloc_trim(0)``, after ``gc.collect()`` if
+    ``collect``; ~20 ms). Elsewhere nothing: no nbval run pays for it (issue 50)."""
     if pauses_for_torchrun():
         if collect:
             gc.collect()
