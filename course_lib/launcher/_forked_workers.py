@@ -33,68 +33,104 @@ def worker_mode() -> str:
     return mode
 
 
-class ForkedPopen(subprocess.Popen):
-    """A ``Popen`` whose child is a fork of this process running ``python -u [-m] TARGET``."""
+class ForkPopen(subprocess.Popen):
+    """A ``Popen`` whose child is a fork of this process running :meth:`child_main` (its exit
+    status); stdin, stdout, stderr, ``env`` and ``start_new_session`` as ``Popen`` gives them.
+    Fork only where no other thread holds a lock the child needs (torch's own threads start
+    later; Python's locks are reset at fork)."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
                        errread, errwrite, *rest):
-        target = list(args)[2:] if list(args)[1:2] == ["-u"] else []
-        if not target or shell or cwd or preexec_fn or target[0].startswith("-") and \
-                target[:1] != ["-m"]:  # not a plain worker command line: exec it as torchrun does
-            return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds,
-                                          cwd, env, startupinfo, creationflags, shell, p2cread,
-                                          p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest)
         pid = os.fork()
         if pid == 0:
-            _worker(target, env, c2pwrite, errwrite, start_new_session=rest[-2])
+            _child(self, (p2cread, c2pwrite, errwrite), env, start_new_session=rest[-2])
         self.pid, self._child_created = pid, True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def child_main(self) -> int:
+        raise NotImplementedError
 
 
-def _worker(target: list[str], env: dict, out: int, err: int, start_new_session: bool) -> None:
-    """The forked worker: set up what ``python -u`` would, run ``target``, exit with its code."""
+class ForkedCall(ForkPopen):
+    """``ForkedCall(fn, **popen)``: the child calls ``fn()``; exit status 0, or 1 after its
+    traceback (chapter 05's link nodes, forked from a hub that imported torch once)."""
+
+    def __init__(self, fn, **popen):
+        self._fn = fn
+        super().__init__(["<fork>"], **popen)
+
+    def child_main(self) -> int:
+        self._fn()
+        return 0
+
+
+class ForkedPopen(ForkPopen):
+    """A ``Popen`` whose child is a fork of this process running ``python -u [-m] TARGET``."""
+
+    def _execute_child(self, args, *more):
+        target = list(args)[2:] if list(args)[1:2] == ["-u"] else []
+        preexec_fn, cwd, shell = more[1], more[4], more[8]
+        if not target or shell or cwd or preexec_fn or target[0].startswith("-") and \
+                target[:1] != ["-m"]:  # not a plain worker command line: exec it as torchrun does
+            return subprocess.Popen._execute_child(self, args, *more)
+        self._target = target
+        return super()._execute_child(args, *more)
+
+    def child_main(self) -> int:
+        """Run the target in a real ``__main__`` kept to the end, as ``python`` runs it:
+        freeing the script's globals while it runs (runpy's temporary module) ends DDP's
+        Reducer, and with it the gloo group, under the GIL that its threads wait for (a hang,
+        seen)."""
+        import builtins
+        import runpy
+        import sys
+        import types
+        target = self._target
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        if target[0] == "-m":
+            sys.argv, sys.path[0] = target[1:], os.getcwd()
+            runpy._run_module_as_main(target[1])
+        else:
+            sys.argv, sys.path[0] = target, os.path.dirname(os.path.realpath(target[0]))
+            main = sys.modules["__main__"].__dict__
+            main.update(__file__=target[0], __builtins__=builtins, __cached__=None)
+            with open(target[0], "rb") as f:
+                exec(compile(f.read(), target[0], "exec"), main)
+        return 0
+
+
+def _child(popen: ForkPopen, fds: tuple, env: dict | None, start_new_session: bool) -> None:
+    """The forked child: set up what a fresh process would have, run, exit with its code."""
     import atexit
-    import builtins
     import gc
     import io
-    import runpy
     import signal
     import sys
-    import types
     code = 1
     try:
-        gc.freeze()  # the agent's objects (its garbage included) stay untouched, never finalised
+        gc.freeze()  # the parent's objects (its garbage included) stay untouched, never finalised
         if start_new_session:
             os.setsid()
-        for fd, std in ((out, 1), (err, 2)):
+        for fd, std in zip(fds, (0, 1, 2)):
             if fd != -1:
                 os.dup2(fd, std)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as Popen's close_fds
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)  # the agent's handlers raise in the agent
+            signal.signal(sig, signal.SIG_DFL)  # the parent's handlers raise in the parent
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(-1)
-        atexit._clear()  # the agent's exit functions are not the worker's
-        os.environ.clear()
-        os.environ.update(env)
+        atexit._clear()  # the parent's exit functions are not the child's
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if fds[0] != -1:
+            sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                       errors="backslashreplace")
         try:
-            # in a real __main__ kept to the end, as ``python`` runs it: freeing the script's
-            # globals while it runs (runpy's temporary module) ends DDP's Reducer, and with it
-            # the gloo group, under the GIL that its threads wait for (a hang, seen)
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            if target[0] == "-m":
-                sys.argv, sys.path[0] = target[1:], os.getcwd()
-                runpy._run_module_as_main(target[1])
-            else:
-                sys.argv, sys.path[0] = target, os.path.dirname(os.path.realpath(target[0]))
-                main = sys.modules["__main__"].__dict__
-                main.update(__file__=target[0], __builtins__=builtins, __cached__=None)
-                with open(target[0], "rb") as f:
-                    exec(compile(f.read(), target[0], "exec"), main)
-            code = 0
+            code = popen.child_main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else exc.code is not None
             if not isinstance(exc.code, (int, type(None))):
@@ -102,7 +138,7 @@ def _worker(target: list[str], env: dict, out: int, err: int, start_new_session:
         except BaseException:  # noqa: BLE001 - reported as an uncaught exception would be
             sys.excepthook(*sys.exc_info())
             code = 1
-        atexit._run_exitfuncs()  # the script's (init_distributed's own ends the process)
+        atexit._run_exitfuncs()  # the child's own (init_distributed's ends the process)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

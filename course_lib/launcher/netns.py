@@ -23,10 +23,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 import psutil
 
+from course_lib.launcher._forked_workers import ForkedCall
+from course_lib.launcher._private_net import CLONE_NEWNET, _check, _libc
 from course_lib.launcher._private_net import Refused as PrivateNetRefused, enter as enter_private
 
 __all__ = ["ADDRS", "LinkUnavailable", "availability", "die_with_parent", "tx_bytes", "shape",
@@ -46,6 +49,12 @@ class LinkUnavailable(RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"cannot build the two-node network here: {reason}")
         self.reason = reason
+
+
+def _in_new_net(node: Callable[[], None]) -> None:
+    """In a forked child: a network namespace of its own (as ``unshare --net``), then ``node()``."""
+    _check(_libc().unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    node()
 
 
 def die_with_parent() -> None:
@@ -154,20 +163,24 @@ def named_pair(tag: str, rate_mbit: float = 0.0) -> Iterator[list[tuple[str, str
 
 
 class Nodes:
-    """The two node processes (``python -m module node``, each under ``unshare --net``): JSON
-    lines in, JSON lines out, stderr kept in temp files.
+    """The two node processes (``python -m module node``, each under ``unshare --net``, or
+    ``node()`` in a fork of this process that enters a new network namespace): JSON lines in,
+    JSON lines out, stderr kept in temp files.
 
     One reader thread per node: when a node dies, the hub learns it at once (its peer would
     wait in a collective), and the error names the node and shows its traceback.
     """
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, node: Callable[[], None] | None = None) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.errs = [tempfile.TemporaryFile("w+") for _ in range(2)]
-        self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m", module, "node"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=err, text=True, env=env)
-                      for err in self.errs]
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "env": env}
+        if node is not None:  # forked from this process, each in a network namespace of its own
+            self.procs = [ForkedCall(partial(_in_new_net, node), stderr=err, **pipes)
+                          for err in self.errs]
+        else:
+            self.procs = [subprocess.Popen(["unshare", "--net", sys.executable, "-m", module,
+                                            "node"], stderr=err, **pipes) for err in self.errs]
         self.lines: queue.Queue = queue.Queue()
         for rank, proc in enumerate(self.procs):
             threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()

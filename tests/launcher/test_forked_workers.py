@@ -73,3 +73,27 @@ def test_a_chapter_script_prints_the_same_forked_as_fresh(monkeypatch, script):
         job = torchrun(path, 2, quiet=True, timeout=120)
         outputs[mode] = [line for line in job.output.splitlines() if "loss" in line]
     assert outputs["fresh"] and outputs["fork"] == outputs["fresh"], outputs
+
+
+def _echo_node():
+    import sys
+    line = sys.stdin.readline()
+    print(f"{line.strip()} torch={'torch' in sys.modules}", flush=True)
+    if "fail" in line:
+        raise RuntimeError("node gives up")
+
+
+@pytest.mark.parametrize("word, code", [("hello", 0), ("fail", 1)])
+def test_a_forked_call_has_its_own_pipes_exit_status_and_the_parents_imports(word, code):
+    """Chapter 05's link nodes are ``ForkedCall``s of a hub that imported torch once: they talk
+    over their own stdin/stdout, exit with their function's status and share torch's pages."""
+    import subprocess
+
+    import torch  # noqa: F401 - in the parent: the child finds it already imported
+
+    from course_lib.launcher._forked_workers import ForkedCall
+    proc = ForkedCall(_echo_node, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(word + "\n", timeout=60)
+    assert (out, proc.returncode) == (f"{word} torch=True\n", code), err
+    assert ("RuntimeError: node gives up" in err) == (code == 1)
