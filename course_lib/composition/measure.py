@@ -189,13 +189,15 @@ def run_parallel(layout: Layout | dict, *, preset: str = "tiny", steps: int = 2,
 
 
 def _run_gpt(config, layout: Layout, steps: int, batch: tuple[int, int] | None) -> ParallelReport:
-    """The GPT on the layout's ranks against the same GPT in this process on the global batch."""
+    """The GPT on the layout's ranks against the same GPT in one process on the global batch (a
+    rank of its own: an optimizer's step would import torch._dynamo into the kernel, issue 50)."""
     batch = tuple(batch or (2, 32))
     if batch[1] > config.seq_len:
         raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
     predicted = [predict_pp_bytes(config, layout, layout.stage_of(r)) for r in range(layout.world)]
     results = run(_rank_2d, layout.world, config, layout, steps, batch)
-    return _report(layout, results, *single_gpt(config, steps, batch, layout.dp_size), predicted)
+    single = run(single_gpt, 1, config, steps, batch, layout.dp_size)[0]
+    return _report(layout, results, *single, predicted)
 
 
 def _report(layout: Layout, results: list[dict], single: dict, losses: list,
