@@ -124,11 +124,14 @@ def role_of(proc: psutil.Process, kernels: list[int]) -> str:
 
 
 def worker_mode_of_kernels() -> str:
-    """How the kernels' torchrun starts its workers (they get ``COURSE_PAUSE_SERVER=1``)."""
-    mode = os.environ.get("COURSE_TORCHRUN_WORKERS", "auto")
-    if mode == "auto":
-        return "fork" if os.environ.get("COURSE_PAUSE_SERVER", "1") == "1" else "fresh"
-    return mode
+    """How the kernels' torchrun starts its workers: the launcher's own answer, asked under
+    the ``COURSE_PAUSE_SERVER`` the kernels get."""
+    from unittest import mock
+
+    from course_lib.launcher.torchrun import worker_mode
+    with mock.patch.dict(os.environ, {"COURSE_PAUSE_SERVER":
+                                      os.environ.get("COURSE_PAUSE_SERVER", "1")}):
+        return worker_mode()
 
 
 class Sampler:

@@ -15,7 +15,7 @@ import os
 import subprocess
 
 from course_lib.launcher._server_cache import pauses_for_torchrun
-from course_lib.launcher._warm import _PRELOAD
+from course_lib.launcher._warm import _PRELOAD, preload
 
 MODES = ("auto", "fresh", "fork")
 
@@ -151,13 +151,7 @@ def _child(popen: ForkPopen, fds: tuple, env: dict | None, start_new_session: bo
 def install() -> None:
     """In torchrun's agent, before it starts: import what the workers would (torch._dynamo
     and the parallel modules the warm server preloads too), freeze it, fork workers."""
-    import gc
-
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    for name in _PRELOAD:
-        if name.startswith("torch"):
-            __import__(name)
     subprocess_handler.Popen = ForkedPopen
-    gc.collect()
-    gc.freeze()
+    preload(name for name in _PRELOAD if name.startswith("torch"))

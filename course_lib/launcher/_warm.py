@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 _LEN = struct.Struct("!Q")
 _ANSWER = struct.Struct("!QQ")  # (job id, pid)
@@ -140,11 +140,19 @@ class WarmServer:
         return [pid for _, pid in answers]
 
 
+def preload(names: Iterable[str] = _PRELOAD) -> None:
+    """Import ``names`` once, then freeze every object so far (``gc.freeze``): processes forked
+    from this one share those pages, and their garbage collections leave them alone. The warm
+    server, torchrun's agent in a pod and the shaped link's hub call it before they fork."""
+    for name in names:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+
+
 def serve(fd: int) -> None:
     """Server main loop (runs in the server process)."""
-    for name in _PRELOAD:
-        __import__(name)
-    gc.freeze()  # ranks' garbage collections leave these objects (and their pages) alone
+    preload()
 
     sock = socket.socket(fileno=fd)
     status_pipes: dict[int, int] = {}

@@ -12,7 +12,6 @@ which). :func:`run_on_loopback`: the hub alone, its loopback shaped, the ``run``
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from course_lib.launcher import _private_net
-from course_lib.launcher._warm import _PRELOAD
+from course_lib.launcher._warm import preload
 from course_lib.launcher.devices import usable_cores
 from course_lib.launcher.launch import serve_from_here, server_paused
 from course_lib.launcher.netns import LinkUnavailable, MTU, Nodes, availability, \
@@ -152,11 +151,8 @@ def _pair(opts: dict, report) -> None:
     """Two nodes joined by a veth pair, both ends shaped per job. The nodes are forks of this
     hub after it imported torch, what the warm server preloads and the target: they share
     those pages instead of importing torch each (issue 50: chapter 05's link sweep)."""
-    for module in _PRELOAD:
-        importlib.import_module(module)
     _resolve(opts["target"])
-    gc.collect()
-    gc.freeze()  # the nodes' garbage collections leave these objects (and their pages) alone
+    preload()
     nodes = Nodes("course_lib.launcher.shaped_link", node=node_main)
     try:
         pids = [reply["ready"] for reply in nodes.receive()]
