@@ -8,6 +8,8 @@ the agent's ``Popen`` of a worker forks it instead: same session, log files, env
 ``sys.argv``, ``__main__`` (kept to the end), exit status and signals; the workers share the
 agent's pages copy-on-write. ``auto`` (default) forks in a small pod (as ``server_paused``
 pauses) and keeps torchrun's fresh interpreters elsewhere; the benchmark measures both.
+:class:`ForkedCall` is the same child for a function (the shaped link's nodes, forked from
+their hub everywhere).
 """
 from __future__ import annotations
 
