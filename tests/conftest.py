@@ -29,6 +29,8 @@ CLOCK = (
     "tests/launcher/test_forked_workers.py",
     "tests/launcher/test_warm_start.py",
     "tests/launcher/test_idle_server.py",
+    "tests/launcher/test_results.py",
+    "tests/launcher/test_by_name.py",
     # deadlines, and kills at a moment
     "tests/communication/test_ring.py::test_a_deadlock_is_reported_after_the_patience_not_hung",
     "tests/communication/test_multinode.py::test_two_node_run_equals_one_process",

@@ -22,8 +22,9 @@ VAL_FRACTION = 0.1  # the last 10 % of the corpus: never trained on
 
 
 def split_corpus() -> tuple[torch.Tensor, torch.Tensor]:
-    """The corpus as byte tokens (int64), cut into (train, val) at 90 %."""
-    data = corpus_tokens().long()
+    """The corpus's byte tokens, cut into (train, val) at 90 %: uint8 views of the one copy this
+    process read (1 byte per token; :class:`Windows` hands out int64 ids, as an embedding takes)."""
+    data = corpus_tokens()
     cut = int(len(data) * (1 - VAL_FRACTION))
     return data[:cut], data[cut:]
 
@@ -39,7 +40,7 @@ class Windows(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self.tokens[i * self.seq_len:(i + 1) * self.seq_len + 1]
+        w = self.tokens[i * self.seq_len:(i + 1) * self.seq_len + 1].long()
         return w[:-1], w[1:]
 
 

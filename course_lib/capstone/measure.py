@@ -18,18 +18,24 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.capstone.train import machine_constants, rank_entry
 from course_lib.common.checks import positive_int
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.composition.layout import DENSE, MAX_RANKS, Layout
 from course_lib.composition.predict import rank_prediction, slowest
 from course_lib.composition.records import Record
-from course_lib.fault_tolerance.training import Fault
+from course_lib.fault_tolerance.faults import Fault
 from course_lib.launcher.devices import place, usable_cores
+from course_lib.launcher.by_name import ByName
 from course_lib.launcher.launch import run
 
-__all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "measure_constants", "predict_run",
-           "train_gpt", "RunPrediction", "TrainReport", "RankRun"]
+__all__ = ["LAYOUTS", "validate_run", "dp_size", "step_flops", "count_step_flops",
+           "measure_constants", "predict_run", "train_gpt", "RunPrediction", "TrainReport",
+           "RankRun"]
+
+# The ranks' functions, named: the notebook's process never imports the training loop (FSDP2,
+# DTensor, DCP; launcher/by_name.py)
+_RANK_ENTRY = ByName("course_lib.capstone.train", "rank_entry")
+_MACHINE_CONSTANTS = ByName("course_lib.capstone.train", "machine_constants")
 
 #: the layouts the chapter runs (one process first)
 LAYOUTS = ({}, {"dp": 2}, {"dp_shard": 2}, {"tp": 2}, {"pp": 2}, {"dp_shard": 2, "tp": 2})
@@ -110,7 +116,14 @@ def step_flops(config: GPTConfig, batch_size: int) -> int:
     """FLOPs of one training step (forward, loss, backward) of the dense GPT on the global
     batch, counted by ``torch.utils.flop_counter``: the matmuls, 6 per weight and token. The
     counter has formulas for the flash, memory-efficient and cuDNN attention kernels but not for
-    the CPU's, so on the CPU attention's own products (QKᵀ, AV) are not counted; nor is Adam."""
+    the CPU's, so on the CPU attention's own products (QKᵀ, AV) are not counted; nor is Adam.
+    Counted in one rank of :func:`run` (the counter imports ``torch._dynamo``, which the ranks'
+    server holds already and a notebook's kernel need not), once per config and batch."""
+    return run(count_step_flops, 1, config, batch_size, threads=1)[0]
+
+
+def count_step_flops(config: GPTConfig, batch_size: int) -> int:
+    """:func:`step_flops`, counted in this process."""
     torch.manual_seed(0)
     model = GPT(config)
     x = torch.randint(0, config.vocab_size, (batch_size, config.seq_len))
@@ -123,7 +136,7 @@ def measure_constants(world: int = 2) -> dict:
     """This machine's ``matmul_peak`` (FLOP/s, one thread) and ``link`` (α, β of an all-reduce
     among ``world`` ranks: chapter 05's fit), measured on real ranks; nothing trains."""
     positive_int(world, "world")
-    return run(machine_constants, world, timeout=120, threads=1)[0]
+    return run(_MACHINE_CONSTANTS, world, timeout=120, threads=1)[0]
 
 
 def predict_run(layout: Layout | dict, preset: str | GPTConfig = "small", batch_size: int = 8,
@@ -169,7 +182,7 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     kwargs = {"batch_size": batch_size // layout.dp_size, "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
               "every": every, "faults": tuple(faults), "device": placement.device}
-    results = run(rank_entry, layout.world, config, layout, steps, kwargs, predicted.rank_work,
+    results = run(_RANK_ENTRY, layout.world, config, layout, steps, kwargs, predicted.rank_work,
                   timeout=timeout, threads=1, device=placement.device, backend=placement.backend)
     first = results[0]
     step = first["step_predicted"]

@@ -31,7 +31,7 @@ from course_lib.composition.measure import quiet_dtensor_notes
 from course_lib.composition.pipeline import build_pp, pp_dense_names, pp_step
 from course_lib.composition.predict import slowest
 from course_lib.fault_tolerance.checkpoint import resume_latest, save_checkpoint
-from course_lib.fault_tolerance.training import Fault, fire
+from course_lib.fault_tolerance.faults import Fault, fire
 from course_lib.common.deprecation import renamed, warn_renamed
 from course_lib.launcher import progress
 from course_lib.launcher.devices import place

@@ -14,9 +14,7 @@ checkpoint ``step``, before the commit marker). A fault fires only in its restar
 from __future__ import annotations
 
 import os
-import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -29,53 +27,13 @@ from course_lib.common.checks import non_negative_int, positive_int
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig, get_config, param_count
 from course_lib.fault_tolerance.checkpoint import load_checkpoint, resume_latest, save_checkpoint
+from course_lib.fault_tolerance.faults import (FAULT_KINDS, FAULTS_ENV, Fault, fire, format_faults,
+                                              parse_faults)
 from course_lib.launcher import progress
 from course_lib.launcher.launch import run
 
 __all__ = ["Fault", "parse_faults", "format_faults", "build", "train", "FAULT_KINDS", "FAULTS_ENV",
            "checkpoint_cost", "checkpoint_cost_sweep", "format_cost", "fire"]
-
-FAULT_KINDS = ("kill", "raise", "save")
-FAULTS_ENV = "COURSE_FT_FAULTS"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Make ``rank`` fail at ``step`` during restart ``attempt`` (0 = the first launch)."""
-
-    attempt: int
-    rank: int
-    step: int
-    kind: str = "kill"
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
-        for name in ("attempt", "rank", "step"):
-            non_negative_int(getattr(self, name), f"Fault.{name}")
-
-
-def parse_faults(text: str) -> tuple[Fault, ...]:
-    """``"0:1:5:kill,1:0:8:save"`` (attempt:rank:step:kind, comma-separated) → Faults."""
-    faults = []
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        parts = item.split(":")
-        if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
-            raise ValueError(f"bad fault {item!r}: expected attempt:rank:step:kind, e.g. 0:1:5:kill")
-        faults.append(Fault(int(parts[0]), int(parts[1]), int(parts[2]), parts[3]))
-    return tuple(faults)
-
-
-def format_faults(faults: Sequence[Fault]) -> str:
-    """Inverse of :func:`parse_faults` (the value of ``COURSE_FT_FAULTS``)."""
-    return ",".join(f"{f.attempt}:{f.rank}:{f.step}:{f.kind}" for f in faults)
-
-
-def fire(fault: Fault) -> None:
-    """Make this rank fail as ``fault`` says: raise, or SIGKILL itself (``kill``, ``save``)."""
-    if fault.kind == "raise":
-        raise RuntimeError(f"injected fault: rank {fault.rank} raised at step {fault.step}")
-    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no traceback: like a lost node
 
 
 def build(config: GPTConfig | str = "tiny", *, seed: int = 0, lr: float = 1e-3

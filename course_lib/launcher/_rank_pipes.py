@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import re
 import selectors
 import signal
@@ -22,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from course_lib.launcher import progress
+from course_lib.launcher import _results, progress
 
 PIPES = ("out", "err", "result", "exit")
 # the first line of what a process writes as it aborts: C++'s terminate, CPython's fatal error
@@ -100,9 +99,10 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
 def _unpickle(raw: bytearray) -> tuple:
     """``(outcome, stamps)`` from a rank's complete result, or ``(None, [])`` if it is cut short."""
     try:
-        return pickle.loads(raw)
-    except Exception:  # noqa: BLE001 - truncated: the rank died while writing it
+        (outcome, stamps), value_pickle = _results.read(raw)
+    except Exception:  # noqa: BLE001 - truncated (None): the rank died while writing it
         return None, []
+    return (("ok", value_pickle) if outcome[0] == "ok" else outcome), stamps
 
 
 def open_pipes(sel: selectors.BaseSelector, state: Rank) -> set:

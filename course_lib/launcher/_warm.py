@@ -33,6 +33,10 @@ _ANSWER = struct.Struct("!QQ")  # (job id, pid)
 _PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp",
             "torch.nn.parallel", "torch.distributed._tools.mem_tracker", "cloudpickle",
             "course_lib.launcher._worker", "course_lib.memory.tracker")
+# malloc's settings in the server, and so in every rank it forks: transparent huge pages for the
+# heap (fewer page-table entries to copy per fork) and one arena (each gloo thread of a rank
+# would grow an arena of its own; docs/modules/launcher.md)
+_TUNABLES = "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1"
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -63,8 +67,7 @@ class WarmServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from course_lib.launcher._warm import serve; serve({theirs.fileno()})"
         env = dict(os.environ)
-        env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"),
-                                                      "glibc.malloc.hugetlb=1"]))
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), _TUNABLES]))
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env)
         theirs.close()

@@ -18,7 +18,6 @@ import faulthandler
 import io
 import linecache
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -30,7 +29,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course_lib.launcher import _diagnose
+from course_lib.launcher import _diagnose, _results
 from course_lib.launcher.devices import loopback_interface
 
 
@@ -89,7 +88,7 @@ def main(job: tuple, fds: list[int]) -> None:
     sys.stderr = _redirect(err_fd, 2)
     faulthandler.enable(file=sys.stderr)
     stack_dump = _diagnose.arm_stack_dump(os.path.dirname(store_path), rank)  # noqa: F841
-    status, message = 0, None
+    status, message, value_pickle = 0, None, b""
     try:
         sys.path[:] = context["sys_path"]
         os.chdir(context["cwd"])
@@ -116,7 +115,7 @@ def main(job: tuple, fds: list[int]) -> None:
         value = fn(*args, **kwargs)
         stamps.append(("fn ran", time.monotonic()))
         try:
-            message = ("ok", cloudpickle.dumps(value))
+            message, value_pickle = ("ok",), _results.dumps(value)
         except Exception as exc:  # noqa: BLE001 - report what could not be shipped back
             raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
         stamps.append(("result pickled", time.monotonic()))
@@ -130,7 +129,8 @@ def main(job: tuple, fds: list[int]) -> None:
         if status == 0:
             answered.set()
         with contextlib.suppress(Exception), os.fdopen(result_fd, "wb") as result:
-            result.write(pickle.dumps((message, stamps)))  # (parent gone: nothing left to tell)
+            result.writelines(_results.message((message, stamps), value_pickle))  # (parent gone:
+            # nothing left to tell)
         if status == 0:
             watcher.join()  # until every rank answered: the watcher then ends this process
         os._exit(status)

@@ -22,7 +22,7 @@ import torch
 from course_lib.capstone.measure import validate_run
 from course_lib.capstone.train import train_rank_capstone
 from course_lib.composition.layout import Layout
-from course_lib.fault_tolerance.training import FAULTS_ENV, parse_faults
+from course_lib.fault_tolerance.faults import FAULTS_ENV, parse_faults
 from course_lib.launcher.devices import DEVICE_CHOICES, place
 from course_lib.launcher.torchrun import init_distributed
 
