@@ -5,8 +5,11 @@ here: the ``show`` modules import it; this module only holds the numbers they ag
 """
 from __future__ import annotations
 
+import ast
 import html
+import importlib.util
 import inspect
+import pathlib
 from typing import Mapping
 
 __all__ = ["FIGSIZE", "DPI", "PALETTE", "OKABE_ITO", "COLORS", "RANK_COLORS", "SUM_COLOR", "GREY",
@@ -66,20 +69,50 @@ def show_source(*objects: object, open: bool = False):
     """Library source (read with ``inspect``), folded under one summary line per object.
 
     A notebook shows what a tool does on demand without a screen of code in the way; ``open=True``
-    for the one place where the code is the point (a whole script). IPython is imported on call.
+    for the one place where the code is the point (a whole script). An object may also be named
+    (``"course_lib.composition.compose.build_2d"``): its file is read, not imported, so a kernel
+    shows code whose imports (FSDP2, DTensor) only its ranks need. IPython is imported on call.
     """
     from IPython.display import HTML
 
     parts = []
     for obj in objects:
-        lines, first = inspect.getsourcelines(obj)
-        name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
-        where = inspect.getsourcefile(obj) or "?"
+        if isinstance(obj, str):
+            name, where, lines = _named_source(obj)
+        else:
+            lines, first = inspect.getsourcelines(obj)
+            name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+            where = inspect.getsourcefile(obj) or "?"
         where = where[where.rfind("course_lib"):] if "course_lib" in where else where.rsplit("/", 1)[-1]
         parts.append(f"<details{' open' if open else ''}><summary>source of <code>{html.escape(name)}</code>"
                      f" ({html.escape(where)}, {len(lines)} lines)</summary>"
                      f"<pre style='font-size:0.85em'>{html.escape(''.join(lines))}</pre></details>")
     return HTML("".join(parts))
+
+
+def _named_source(dotted: str) -> tuple[str, str, list[str]]:
+    """``(qualname, file, lines)`` of the function or class ``package.module.qualname``, read
+    from the module's file with ``ast`` (the module is not imported; its packages are)."""
+    parts = dotted.split(".")
+    for cut in range(1, len(parts)):  # packages first: finding a module imports only them
+        spec = importlib.util.find_spec(".".join(parts[:cut]))
+        if spec is None or not (spec.origin or "").endswith(".py"):
+            raise ValueError(f"no Python module or package {'.'.join(parts[:cut])!r}")
+        if spec.submodule_search_locations is None:
+            break
+    else:
+        raise ValueError(f"{dotted!r} names a package, not a function or class in a module")
+    text = pathlib.Path(spec.origin).read_text(encoding="utf-8")
+    body, node = ast.parse(text).body, None
+    for name in parts[cut:]:
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                       ast.ClassDef)) and n.name == name), None)
+        if node is None:
+            raise ValueError(f"{'.'.join(parts[:cut])} defines no {'.'.join(parts[cut:])}")
+        body = node.body
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = text.splitlines(keepends=True)[first - 1:node.end_lineno]
+    return ".".join(parts[cut:]), spec.origin, lines
 
 
 class Folded:

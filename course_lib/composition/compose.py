@@ -19,6 +19,7 @@ from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, GPTConfig
 from course_lib.common.training import make_optimizer
 from course_lib.composition.layout import MESH_ORDER, Layout
+from course_lib.composition.stored import local_bytes, state_bytes
 from course_lib.tensor_parallel.layers import dtensor_block, qkv_rows
 
 __all__ = ["MESH_ORDER", "build_2d", "data_parallel", "train_2d", "local_bytes", "state_bytes",
@@ -54,29 +55,6 @@ def data_parallel(model: torch.nn.Module, blocks, layout: Layout, mesh) -> torch
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
     return model
-
-
-def local_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind the local parts of ``tensors`` (DTensor → local)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        t = t.to_local() if hasattr(t, "to_local") else t
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """This rank's model-state bytes as stored: params, grads, optimizer state and their sum."""
-    params = list(model.parameters())
-    measured = {"params": local_bytes(params), "grads": local_bytes(p.grad for p in params),
-                "optimizer": local_bytes(v for s in optimizer.state.values() for v in s.values())}
-    measured["model_states"] = sum(measured.values())
-    return measured
 
 
 def dense_params(model: torch.nn.Module, config: GPTConfig, tp: int,

@@ -18,14 +18,14 @@ from torch import nn
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.common.training import make_optimizer
-from course_lib.composition.compose import state_bytes, train_2d
 from course_lib.composition.context import (_qkv, cp_attention_grad_rank, cp_attention_rank,
                                            cp_predicted_bytes)
 from course_lib.composition.layout import MOE, Layout
 from course_lib.composition.layouts import predict_moe_bytes, predict_pp_bytes
 from course_lib.composition.moe import MoE, ep_forward
-from course_lib.composition.pipeline import train_pp
 from course_lib.composition.records import Record
+from course_lib.composition.stored import state_bytes
+from course_lib.launcher.by_name import ByName
 from course_lib.launcher.launch import run
 
 __all__ = ["run_parallel", "ParallelReport", "RankBytes", "train_ep", "single_gpt", "single_moe",
@@ -160,11 +160,8 @@ def _max_diff(results: list[dict], single: dict, key: str) -> float:
     return max((r[key][n] - single[key][n]).abs().max().item() for r in results for n in r[key])
 
 
-def _rank_2d(config, layout: Layout, steps, batch):
-    quiet_dtensor_notes()
-    if layout.pp > 1:
-        return train_pp(config, layout, steps, batch, lr=LR)
-    return train_2d(config, layout, steps, batch, lr=LR)
+# the GPT layouts' rank function, named: this module's importers need no FSDP2 or DTensor
+_RANK_2D = ByName("course_lib.composition.ranks", "rank_2d")
 
 
 def run_parallel(layout: Layout | dict, *, preset: str = "tiny", steps: int = 2,
@@ -195,7 +192,7 @@ def _run_gpt(config, layout: Layout, steps: int, batch: tuple[int, int] | None) 
     if batch[1] > config.seq_len:
         raise ValueError(f"seq_len {batch[1]} exceeds the preset's {config.seq_len}")
     predicted = [predict_pp_bytes(config, layout, layout.stage_of(r)) for r in range(layout.world)]
-    results = run(_rank_2d, layout.world, config, layout, steps, batch)
+    results = run(_RANK_2D, layout.world, config, layout, steps, batch)
     single = run(single_gpt, 1, config, steps, batch, layout.dp_size)[0]
     return _report(layout, results, *single, predicted)
 

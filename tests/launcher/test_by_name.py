@@ -36,3 +36,11 @@ def test_the_capstones_notebook_side_leaves_fsdp_dtensor_and_dynamo_to_the_ranks
             "import course_lib.capstone.show, course_lib.fault_tolerance.faults\n"
             "assert predict_run({'dp_shard': 2, 'tp': 2}, 'tiny').flops_per_step > 0")
     assert _in_a_fresh_interpreter(code) == "[]"
+
+
+def test_chapter_09s_notebook_side_leaves_fsdp_and_dtensor_to_the_ranks():
+    """Chapter 09's kernel imported FSDP2, DTensor and sympy (~0.04 GiB) through
+    ``run_parallel``'s module, whose rank functions need them."""
+    code = ("import course_lib.composition.measure, course_lib.composition.show\n"
+            "import course_lib.pipeline_parallel.torch_schedules, course_lib.composition.mesh")
+    assert _in_a_fresh_interpreter(code) == "[]"
