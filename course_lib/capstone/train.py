@@ -143,7 +143,8 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
     ``losses`` (global mean per step), ``val_losses`` ([step, loss] every ``eval_every`` steps
     and at the end), ``bytes`` (model states as stored), ``peak`` (bytes at the peak of the
     second step this process runs; ``None`` if it runs one), ``step_seconds`` (of the other
-    steps: the tracker slows that one), ``resumed_from``, and ``params`` (full, dense names)."""
+    steps: the tracker slows that one), ``resumed_from``, and ``params`` (full, dense names;
+    sent by the first rank of each pipeline stage, ``{}`` from the others, which hold the same)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if attempt is None:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -201,7 +202,9 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
     out = {"rank": rank, "losses": losses, "val_losses": val_losses, "resumed_from": resumed,
            "bytes": state_bytes(model, optimizer), "peak": peak, "step_seconds": seconds,
            "stage": b.get("stage"), "attempt": attempt}
-    out["params"] = _dense(b, config, layout) if return_params else None  # same on every rank
+    dense = _dense(b, config, layout) if return_params else None  # gathered: every rank takes part
+    first_of_stage = rank % (layout.world // layout.pp) == 0  # the others hold the same tensors
+    out["params"] = dense if first_of_stage or dense is None else {}
     return out
 
 

@@ -25,9 +25,8 @@ class _Pickler(cloudpickle.Pickler):
         if (type(obj) is torch.Tensor and obj.layout is torch.strided and obj.device.type == "cpu"
                 and not obj.requires_grad and not obj.is_quantized):
             flat = obj.resolve_conj().resolve_neg().contiguous().reshape(-1)
-            raw = flat.view(torch.uint8) if flat.numel() and flat.element_size() > 0 else flat
-            return _tensor, (pickle.PickleBuffer(raw.numpy()) if raw.numel() else bytearray(),
-                             obj.dtype, tuple(obj.shape))
+            data = pickle.PickleBuffer(flat.view(torch.uint8).numpy()) if flat.numel() else bytearray()
+            return _tensor, (data, obj.dtype, tuple(obj.shape))
         return super().reducer_override(obj)
 
 
@@ -63,4 +62,5 @@ def read(raw: bytearray):
 
 
 def loads(value_pickle) -> object:
+    """The value back from :func:`read`'s ``value_pickle`` (its tensors use buffers of their own)."""
     return pickle.loads(value_pickle)

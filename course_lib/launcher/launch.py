@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from course_lib.launcher import _diagnose, devices, progress
+from course_lib.launcher import _diagnose, _results, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
 from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
@@ -297,4 +297,4 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
         for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
             if key.data[1] in ("out", "err"):
                 pump(key.data[0], key.data[1], key.fd, sel)
-    return [cloudpickle.loads(state.outcome[1]) for state in ranks]
+    return [_results.loads(state.outcome[1]) for state in ranks]
