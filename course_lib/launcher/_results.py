@@ -13,24 +13,27 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import sys
 
 import cloudpickle
-import torch
 
 _HEAD = struct.Struct("!QQ")  # (header length, value length)
 
 
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
-        if (type(obj) is torch.Tensor and obj.layout is torch.strided and obj.device.type == "cpu"
-                and not obj.requires_grad and not obj.is_quantized):
+        torch = sys.modules.get("torch")  # not imported: no tensor (the launcher imports no torch)
+        if (torch is not None and type(obj) is torch.Tensor and obj.layout is torch.strided
+                and obj.device.type == "cpu" and not obj.requires_grad and not obj.is_quantized):
             flat = obj.resolve_conj().resolve_neg().contiguous().reshape(-1)
             data = pickle.PickleBuffer(flat.view(torch.uint8).numpy()) if flat.numel() else bytearray()
             return _tensor, (data, obj.dtype, tuple(obj.shape))
         return super().reducer_override(obj)
 
 
-def _tensor(data: bytearray, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+def _tensor(data: bytearray, dtype, shape: tuple):
+    import torch
+
     if not len(data):
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
