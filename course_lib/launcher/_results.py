@@ -1,8 +1,9 @@
 """How a rank's return value travels back to :func:`course_lib.run`: few copies of its tensors.
 
 torch pickles a tensor through ``torch.save`` into bytes, and the launcher used to pickle those
-bytes again into the message: a 20 MB result briefly took ~80 MB in the rank and ~60 MB in the
-notebook (chapter 9's schedules, whose gradients come back, peaked there). Here a plain CPU
+bytes again into the message: the notebook's side then allocated two buffers per tensor (8 MB for
+a 4 MB tensor, tests/launcher/test_results.py), the rank more; chapter 9's schedules, whose
+gradients come back, peaked there. Here a plain CPU
 tensor is pickled (protocol 5) as its raw bytes, which the notebook's side unpickles into a
 ``bytearray`` that the tensor then uses as its memory; the message is a short header, then the
 value's pickle, read in place. Other objects (tensors that need autograd, subclasses such as
