@@ -1,6 +1,6 @@
 """Beyond one machine: two torchrun agents as two "nodes", on loopback or behind a slow link.
 
-Chapter 5 runs :mod:`course_lib.scripts.train_ddp` — a script that runs unchanged under one
+Chapter 5 runs :mod:`course_lib.communication.train_ddp` — a script that runs unchanged under one
 process or torchrun — the way a cluster does: one torchrun agent per node, ``--nnodes 2
 --node-rank 0/1``, meeting at a c10d rendezvous on node 0. Here both "nodes" are on this
 machine, on the loopback of a private network namespace (127.0.0.1, a free port; where the

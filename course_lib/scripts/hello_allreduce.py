@@ -16,18 +16,24 @@ import sys
 import torch
 import torch.distributed as dist
 
-if "RANK" in os.environ:  # started by torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    dist.init_process_group("gloo")
-else:  # alone: a group of one, its store in memory (no port opened)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-rank, world = dist.get_rank(), dist.get_world_size()
 
-value = torch.tensor([rank + 1.0])
-dist.all_reduce(value, op=dist.ReduceOp.SUM)  # every rank now holds 1 + 2 + ... + world
-print(f"rank {rank} of {world}: sum of (rank + 1) over all ranks = {value.item():g}", flush=True)
+def main() -> float:
+    if "RANK" in os.environ:  # under torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        dist.init_process_group("gloo")
+    else:  # alone: a group of one, its store in memory (no port opened)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)  # every rank now holds 1 + 2 + ... + world
+    print(f"rank {rank} of {world}: sum of (rank + 1) over all ranks = {value.item():g}",
+          flush=True)
+    dist.destroy_process_group()
+    return value.item()
 
-dist.destroy_process_group()
-# On the CPU, gloo's threads can abort Python's own shutdown after every line ran ("terminate
-# called without an active exception"), which torchrun reports as a failed rank: end here instead.
-sys.stdout.flush()
-os._exit(0)
+
+if __name__ == "__main__":
+    main()
+    # On the CPU, gloo's threads can abort Python's own shutdown after every line ran ("terminate
+    # called without an active exception"), which torchrun reports as a failed rank: end here.
+    sys.stdout.flush()
+    os._exit(0)
