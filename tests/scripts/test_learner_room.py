@@ -122,9 +122,11 @@ def clean_checkout_runs(tmp_path_factory):
     subprocess.run(["git", "clone", "--quiet", "--depth=1", f"file://{REPO}", str(clone)],
                    check=True, timeout=120)
     env = env_with_path(allowed_course(tmp / "allowed"))
-    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u, course_lib; "
-                            "print(course_lib.__file__, u.find_spec('course_lib.launcher'))"],
-                           capture_output=True, text=True, env=env, cwd=clone, timeout=60)
+    probe = tmp / "probe.py"  # run as a file from the checkout's root, as the scripts are
+    probe.write_text("import importlib.util as u, course_lib\n"
+                     "print(course_lib.__file__, u.find_spec('course_lib.launcher'))\n")
+    probe = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env,
+                           cwd=clone, timeout=60)
     assert probe.stdout.split() == [str(tmp / "allowed" / "course_lib" / "__init__.py"), "None"]
     alone = {(name, 1): start_python([f"course_lib/scripts/{name}"], clone, env) for name in LEARNER}
     results = {key: finish(proc, 300) for key, proc in alone.items()}
