@@ -6,9 +6,10 @@
 learner's pod: after it, issue 50), as one plain process. Both print ``step N loss X``
 (``course_lib/scripts/tiny.py``); one line sets the final losses side by side and says whether
 they agree within ``TOLERANCE``, without printing it (1e-4: float32 sums in another order;
-``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why: docs/decisions.md). Options after the name:
-``--no-reference``, ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython,
-and returns the :class:`ScriptRun`.
+``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why: docs/decisions/scripts.md, "Why %%torchrun
+compares the losses within 1e-4 (2e-3 for bfloat16)"). Options after the name: ``--no-reference``,
+``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython, and returns the
+:class:`ScriptRun`.
 """
 from __future__ import annotations
 
