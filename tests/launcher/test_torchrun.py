@@ -13,7 +13,6 @@ import time
 import psutil
 import pytest
 
-from course_lib.launcher import launch
 from course_lib.launcher.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
 from course_lib.launcher import torchrun as tr  # the module; course_lib.torchrun is the function
 from processes import wait_gone
@@ -168,6 +167,14 @@ def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
     assert "rank 0 of 1: sum = 1" in out.stdout
     main = runpy.run_path(str(script))["main"]
     assert launch.run(main, 3) == [6.0, 6.0, 6.0]
+
+
+def test_the_first_script_refuses_to_run_without_torchrun(tmp_path):
+    """Chapter 00's script calls init_process_group itself: alone, torch says what is missing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    out = subprocess.run([sys.executable, "-m", "course_lib.scripts.hello_allreduce"],
+                         capture_output=True, text=True, timeout=60, env={**env, "TMPDIR": str(tmp_path)})
+    assert out.returncode != 0 and "environment variable RANK expected" in out.stderr
 
 
 def test_the_agents_stores_listen_on_loopback_only(tmp_path):
