@@ -34,7 +34,7 @@ __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_n
            "reference_params", "netns_available", "two_namespaces"]
 
 #: The chapter's worker script (runs as ``python SCRIPT`` or under torchrun).
-SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_ddp.py")
+SCRIPT = str(Path(__file__).parent / "train_ddp.py")
 
 
 @dataclass(frozen=True)
