@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools.classroom.edition import CHAPTERS, _source, find_exercises
+from tools.classroom.reach import why_unreachable
 from tools.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
 
 from exercise_cells import _is_stub, stubs, with_answer  # noqa: E402  (edition put tests/ on sys.path)
@@ -172,6 +173,20 @@ class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here and the work was not declared trusted."""
 
 
+class EnvironmentUnreachable(SandboxUnavailable):
+    """Sandboxes can be made, but the interpreter's environment cannot be shown in them
+    (:func:`tools.classroom.reach.why_unreachable`): nothing is graded."""
+
+
+ROOT = str(Path(__file__).resolve().parents[2])   # the course's folder, read-only in a sandbox
+
+
+def _refuse_unreachable(hide: tuple) -> None:
+    reason = why_unreachable(readonly=(ROOT,), hide=hide)
+    if reason is not None:
+        raise EnvironmentUnreachable(f"cannot grade here: {reason}")
+
+
 def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_limit: float,
                       cap: int) -> tuple[bool, list[str]]:
     """The verdict: from the clean judge's run of the published check on what the submission's
@@ -271,7 +286,7 @@ def default_jobs() -> int:
 def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) -> dict:
     """Run ``grade_one`` on ``job`` (in a fresh sandbox unless ``trusted`` and none can be
     made); returns the sandbox's report (:meth:`Sandbox.run`)."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = ROOT
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root,
            "COURSE_ALLOW_SHARED_LOOPBACK": "1",  # the sandbox's loopback is its own
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "LANG": "C.UTF-8",
@@ -283,6 +298,7 @@ def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) ->
     budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
     stdin = json.dumps(job).encode()
     if why_not() is None:
+        _refuse_unreachable(hide)
         with Sandbox(_next_uid(), hide=hide, readonly=(root,)) as box:
             return box.run(argv, env=env, stdin=stdin, timeout=budget,
                            output_cap=output_cap, result_cap=RESULT_CAP)
@@ -400,16 +416,18 @@ def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 1
     """Grade every ``*.ipynb`` under ``folder``, each in a sandbox of its own, ``jobs`` of them
     at once (default :func:`default_jobs`); one that cannot be graded is reported, not fatal.
     Raises :class:`SandboxUnavailable` before grading anything where no sandbox can be made,
-    unless ``trusted``. The results (and ``progress`` lines) come in the files' sorted order."""
+    unless ``trusted``, and :class:`EnvironmentUnreachable` where the interpreter's environment
+    cannot be shown in one (:mod:`tools.classroom.reach`). The results (and ``progress`` lines) come in the files' sorted order."""
     reason = why_not()
     if reason is not None and not trusted:
         raise SandboxUnavailable(
             f"cannot grade untrusted work here: {reason}. Each submission needs a sandbox "
             "(its own user, cgroup and namespaces; run the grader as root on Linux). Pass "
             "--trusted only for work you trust: then submissions run as you, unconfined")
-    if reason is None:
-        sweep_stale()  # sandboxes left by a grader that was killed
     hide = (str(folder), *map(str, hide))
+    if reason is None:
+        _refuse_unreachable(hide)   # one line naming the path and the fix, before any grading
+        sweep_stale()  # sandboxes left by a grader that was killed
     paths = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
     def one(path: Path) -> Result:
