@@ -21,6 +21,8 @@ import tools.classroom.reach as reach
 from tools.classroom.sandbox import why_not
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the other interpreters here (``.ci/other-pythons`` sets it): each one's venv is planned too
+PYTHONS = [sys.executable, *filter(None, os.environ.get("COURSE_PYTHONS", "").split(os.pathsep))]
 REASON = why_not()
 needs_sandbox = pytest.mark.skipif(REASON is not None, reason=f"no sandbox here: {REASON}")
 
@@ -45,6 +47,21 @@ def test_the_running_interpreter_needs_its_prefixes_and_where_torch_lives():
     targets = reach.plan([ROOT]).targets
     assert any(reach._inside(os.path.realpath(sys.executable), t) for t in targets)
     assert all(not reach._inside(a, b) for a in targets for b in targets if a != b)
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_venv_of_each_python_here_is_planned_whole(tmp_path, python):
+    subprocess.run([python, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv_python = str(tmp_path / "venv" / "bin" / "python")
+    base = subprocess.run([venv_python, "-I", "-c", "import sys, sysconfig; print(sys.base_prefix);"
+                           " print(sysconfig.get_path('stdlib')); print(sysconfig.get_path("
+                           "'purelib'))"], check=True, capture_output=True, text=True).stdout
+    needed = [str(tmp_path / "venv"), *base.split()]
+    targets = reach.plan([ROOT], executable=venv_python).targets
+    for path in needed:
+        assert any(reach._inside(os.path.realpath(path), t) or reach._inside(path, t)
+                   for t in targets), (path, targets)
+    assert reach.why_unreachable([ROOT], executable=venv_python) is None
 
 
 def test_a_closed_folder_above_is_covered_once_and_nothing_inside_a_target_is_bound_twice(
