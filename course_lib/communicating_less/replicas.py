@@ -216,8 +216,17 @@ def survive_a_failure(steps: int = 30, kill_at: int = 8, step_s: float = 0.1,
     if not 0 <= step_s <= 5:
         raise ValueError(f"step_s must be between 0 and 5 seconds, got {step_s!r}")
     with server_paused():  # the job's zygote imports torch itself: no idle rank server beside it
-        done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
-                               str(timeout)], capture_output=True, text=True, timeout=timeout + 30)
+        try:  # the job stops itself after `timeout`; this bounds its start and its cleanup too
+            done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
+                                   str(timeout)], capture_output=True, text=True,
+                                  timeout=timeout + 30)
+        except subprocess.TimeoutExpired as exc:
+            said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (
+                exc.stdout or "")
+            last = [l for l in said.splitlines() if l.startswith("{")][-1:] or [None]
+            raise TimeoutError(f"the torchft job did not end within {timeout + 30:g} s (its "
+                               f"{timeout:g} s and 30 s to start and clean up); it was killed, "
+                               f"and its replicas with it (last line: {last[0]})") from None
     lines = [json.loads(l) for l in done.stdout.splitlines() if l.startswith("{")]
     refused = next((l["refused"] for l in lines if "refused" in l), None)
     if refused:
