@@ -5,7 +5,10 @@ the predictors with a literal ``4``) are read from the page itself, so the page 
 cannot drift apart: a change that breaks a statement fails here until the page says what is
 true. The chapters' order comes from ``tests/test_layout.py`` (``CHAPTERS``), its one home.
 docs/decisions.md's module notes and their headings are checked too (its entries:
-tests/test_decisions.py).
+tests/test_decisions.py). In architecture.md and every docs/modules/*.md: each name written in
+backticks (and each function the map's block names) is spelled by the code, each file named
+exists, a line count quoted as ```path.py` (~N lines)`` is within 10 %, and each ``COURSE_*``
+variable is read by the code with the default the page states.
 """
 from __future__ import annotations
 
