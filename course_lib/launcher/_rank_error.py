@@ -19,13 +19,15 @@ __all__ = ["RankError", "Folded", "failure_of", "ending", "show_in_notebook"]
 
 class RankError(RuntimeError):
     """A rank failed. ``rank``, ``exc_type`` and ``remote_traceback`` tell which and why;
-    ``summary`` is one line naming a recognised cause, ``raw`` what the process wrote as it died."""
+    ``summary`` is one line naming a recognised cause, ``raw`` what the process wrote as it died,
+    ``ended`` how it ended (exit code or signal), ``last_lines`` its last lines (no traceback)."""
 
     def __init__(self, rank: int, nprocs: int, exc_type: str, message: str, remote_traceback: str,
                  summary: str | None = None, raw: str = "", *, ended: str | None = None,
                  last_lines: str | None = None, others: str = "the other ranks were stopped"):
         self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
         self.summary, self.raw, self.ended = summary, raw.rstrip(), ended
+        self.last_lines = last_lines  # what a rank without a traceback wrote last, or None
         lines = len(self.raw.splitlines())
         self._label = f"raw output of rank {rank} as it died ({lines} lines)"
         # an exception may carry no message (EOFError() from a closed pipe): say so, never ""
