@@ -160,7 +160,7 @@ def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
     """))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                          env={**os.environ, "TMPDIR": str(scratch)})
     assert out.returncode == 0, out.stderr
     assert os.listdir(scratch) == []  # alone: no store file left behind
