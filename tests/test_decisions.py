@@ -135,3 +135,14 @@ def test_an_old_heading_is_still_found_by_grep(old):
     found = [p for p in TOPICS if old in squash(p.read_text())]
     assert found
     assert all(old not in h for p in TOPICS for h in headings(p))
+
+
+def test_the_index_lists_every_module_note_under_its_page():
+    """The "Module notes" list names each page's sections, no more, no fewer."""
+    notes = INDEX[INDEX.index("## Module notes"):]
+    listed = dict(re.findall(r"^- \[\w+/\]\(modules/([\w.]+\.md)\): (.*)$", notes, re.M))
+    pages = sorted(p.name for p in (DOCS / "modules").glob("*.md"))
+    assert sorted(listed) == pages
+    for page, names in listed.items():
+        heads = re.findall(r"^## \w+/(\S+\.py)$", (DOCS / "modules" / page).read_text(), re.M)
+        assert sorted(re.findall(r"`([^`]+)`", names)) == sorted(heads), page
