@@ -203,9 +203,16 @@ def survive_a_failure(steps: int = 30, kill_at: int = 8, step_s: float = 0.1,
         raise TypeError(f"train must be a function, got {type(train).__name__}")
     payload = cloudpickle.dumps(train)
     with server_paused():  # the job's zygote imports torch itself: no idle rank server beside it
-        done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
-                               str(timeout)], input=payload, capture_output=True,
-                              timeout=timeout + 30)
+        try:  # the job stops itself after `timeout`; this bounds its start and its cleanup too
+            done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
+                                   str(timeout)], input=payload, capture_output=True,
+                                  timeout=timeout + 30)
+        except subprocess.TimeoutExpired as exc:
+            said = (exc.stdout or b"").decode(errors="replace")
+            last = [l for l in said.splitlines() if l.startswith("{")][-1:] or [None]
+            raise TimeoutError(f"the torchft job did not end within {timeout + 30:g} s (its "
+                               f"{timeout:g} s and 30 s to start and clean up); it was killed, "
+                               f"and its replicas with it (last line: {last[0]})") from None
     stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
     lines = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
     refused = next((l["refused"] for l in lines if "refused" in l), None)

@@ -90,3 +90,21 @@ def test_the_loop_is_the_callers_and_a_broken_one_is_seen():
     assert len(ends) == 2 and ends[0] != ends[1]
     with pytest.raises(TypeError, match="train must be a function"):
         survive_a_failure(train="train_replica")
+
+
+def test_a_job_past_its_bound_ends_with_a_clear_error(monkeypatch):
+    """Issue 57: the cell ends within the job's timeout + 30 s with a TimeoutError naming the
+    bound and the last step seen, not subprocess's TimeoutExpired quoting a command line."""
+    import subprocess
+
+    from course_lib.communicating_less import replicas
+
+    def stuck(argv, **kwargs):
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"],
+                                        output=b'{"begin": 1}\n{"replica": 0, "step": 4}\n')
+
+    monkeypatch.setattr(replicas.subprocess, "run", stuck)
+    with pytest.raises(TimeoutError, match=r"^the torchft job did not end within 40 s \(its 10 s "
+                       r"and 30 s to start and clean up\); it was killed, and its replicas with "
+                       r"it \(last line: \{\"replica\": 0, \"step\": 4\}\)$"):
+        survive_a_failure(steps=3, kill_at=1, timeout=10)
