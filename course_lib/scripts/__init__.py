@@ -1,5 +1,5 @@
 """The scripts a learner copies: one per strategy (ddp.py, fsdp.py, tensor_parallel.py,
-pipeline.py, checkpoint.py; chapter 09's fsdp_tp.py, hsdp.py) and the first one
+pipeline.py, checkpoint.py; chapter 09's mesh_2d.py) and the first one
 (hello_allreduce.py), each calling ``init_process_group`` itself and importing nothing from the
 course but ``tiny`` (the file beside them), which needs only ``course_lib.common``. Each runs
 under ``torchrun``, and all but hello_allreduce.py alone too.

@@ -115,7 +115,7 @@ def clean_checkout_runs(tmp_path_factory):
     only what tests/scripts/room.py allows is importable. From the checkout's root: every learner
     script alone (``python course_lib/scripts/NAME.py``; hello_allreduce.py is for torchrun
     only), then the README's torchrun lines and the others' on 2 ranks (chapter 09's 2-D meshes
-    are then 1 × 2; tests/composition runs them on 4), each wave's jobs at once (each job is mostly torch's import). Returns the checkout and
+    are then 1 × 2; tests/composition runs it on 4), each wave's jobs at once (each job is mostly torch's import). Returns the checkout and
     ``{(name, 1 alone or 2 torchrun): (exit code, output)}``."""
     if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
