@@ -157,7 +157,7 @@ def test_a_copy_of_the_room_runs_alone_and_on_two_ranks_with_only_common(clean_c
     code1, out1 = results[name, 1]
     assert code1 == 0, f"{name} alone:\n{out1[-2000:]}"
     one, two = parse_losses(out1), parse_losses(out2)
-    assert len(one) == len(two) == 8, (out1, out2)
+    assert len(one) == len(two) >= 8, (out1, out2)  # mesh_2d.py: two runs, 16 steps
     text = (ROOM / name).read_text()
     assert max(abs(a - b) for a, b in zip(one, two)) <= tolerance_for(text), (one, two)
 
