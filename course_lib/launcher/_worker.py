@@ -9,7 +9,7 @@ and stderr (Python and C level) go to pipes the parent prefixes with the rank; (
 (5) the function runs; its output pipes close, then its result or traceback goes back through
 a result pipe; (6) a rank that succeeded waits until the parent has *every* rank's result, is
 released through the lifeline and ends with ``os._exit``; a rank that failed ends at once.
-Why ``os._exit`` and the parent barrier: docs/decisions.md.
+Why ``os._exit`` and the parent barrier: docs/modules/launcher.md (_worker.py).
 """
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def main(job: tuple, fds: list[int]) -> None:
     rank, placement, store_path, timeout_s, payload, context = job
     stamps = [("rank started", time.monotonic())]
     out_fd, err_fd, result_fd, lifeline_fd = fds
+    for fd in (result_fd, lifeline_fd):  # not for a program the rank runs (stdout/err are)
+        os.set_inheritable(fd, False)
     answered = threading.Event()
     watcher = threading.Thread(target=_watch_lifeline, args=(lifeline_fd, answered), daemon=True)
     watcher.start()
