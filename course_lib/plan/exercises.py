@@ -1,7 +1,7 @@
 """Checks for the planner's exercise: choose a layout from a plan's table."""
 from __future__ import annotations
 
-from course_lib.exercises import Feedback, _not_answered
+from course_lib.exercises import TODO, Feedback
 
 __all__ = ["check_layout_choice"]
 
@@ -10,7 +10,7 @@ def check_layout_choice(answer: object, plan, tolerance: float = 0.10) -> Feedba
     """``answer``: a row of ``plan.rows`` (or its label). Passes when it fits and its tokens/s per
     GPU is within ``tolerance`` of the best fitting row's."""
     name = "layout choice"
-    if _not_answered(answer):
+    if answer is TODO or answer is None:
         return Feedback(False, "not answered yet: pick a row of the plan (plan.rows[i])", name)
     rows = {r.label: r for r in plan.rows}
     row = rows.get(answer) if isinstance(answer, str) else answer

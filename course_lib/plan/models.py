@@ -83,7 +83,7 @@ def load_config(source: Any):
             raise ConfigError(f"{path.name}: not readable JSON ({err})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path.name}: a config.json holds one JSON object")
-        data.setdefault("_name_or_path", path.parent.name)
+        data.setdefault("_name_or_path", path.parent.name if path.name == "config.json" else path.stem)
     if "auto_map" in data:
         raise ConfigError("field 'auto_map': this config asks for the model's own remote code; "
                           "the planner runs only transformers' built-in classes")
