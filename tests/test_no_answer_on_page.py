@@ -25,20 +25,6 @@ from exercise_cells import find_exercises
 OPEN: dict[str, dict[str, str]] = {
     # chapter -> {exercise title: the finding}. Entries marked "(nbval)" are found only in the
     # kernel (the number comes from the notebook's state); this test cannot see them go.
-    "04": {
-        "Exercise 3": "the hint states b*s*h; the check computes expected['forward'] + expected['backward']",
-        "Exercise 5": "the bubble table above prints 0.273; the hint states m+p-1; bubble_formula(4, 8) in the check",
-        "Exercise 7": "the hint states world / (TP x PP); megatron_layout(128, 8, 4, ...) in the check",
-    },
-    "05": {
-        "Exercise 1": "the hint states 2(p-1)/p",
-        "Exercise 3": "the hint states T8 = T1/8 + ...; the check computes 1.0 / (1.0 / 8 + ...)",
-        "Exercise 4": "the check computes min(volume, key=... 1.5) in sight",
-    },
-    "06": {
-        "Exercise 3": "the hint states √(2·C·M); young_daly_interval(120, 4 * 3600) / 60 in the check",
-        "Exercise 4": "the hint states M = 1 / (N · λ); job_mtbf(100000, ...) / 3600 in the check",
-    },
     "09": {
         "Exercise 2": "the Llama 3 layout table above prints DP 128; the hint states TP × PP × DP = 16,384",
     },
