@@ -7,7 +7,8 @@ forked ranks line up without any synchronisation. :class:`Timeline` is a ``Torch
 ones DDP's reducer and FSDP2 issue inside ``backward``) becomes a "comm" span from the call to
 the moment gloo completes its ``Work`` (a callback on the work's future, run by gloo's thread) —
 the real end of an async bucket all-reduce, which ``torch.profiler`` cannot tie to its call
-(docs/decisions.md, "Per-rank timelines"). Compute is marked by the harness with ``span()``.
+(docs/decisions/timelines-and-figures.md, "Why the course records collectives with its own tracer,
+not torch.profiler"). Compute is marked by the harness with ``span()``.
 :func:`chrome_trace` writes the Chrome-trace JSON that Perfetto and chrome://tracing open.
 """
 from __future__ import annotations

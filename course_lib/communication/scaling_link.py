@@ -7,7 +7,8 @@ all-reduce of all gradients (``allreduce_s``), per link rate, interleaved; media
 rank's. ``speedup = t1 / t2``. The α-β prediction never uses ``t2``: compute ``t1/2``, plus the
 unthrottled all-reduce and ``4Ψ·8 / rate`` seconds on the wire. No overlap gives
 ``t1/2 + comm``, perfect overlap ``max(t1/2, comm)``; a speedup outside that band is reported as
-outside, by how much, with no widening (docs/decisions.md, "The scaling band").
+outside, by how much, with no widening (docs/decisions/communication.md, "Why the scaling verdict
+uses α-β's own band").
 """
 from __future__ import annotations
 

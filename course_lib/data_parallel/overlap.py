@@ -28,8 +28,8 @@ OVERLAP_BATCH = 1024
 #: The serial step's one bucket: larger than any model here, so every gradient shares it.
 SERIAL_BUCKET_MB = 1024.0
 #: The verdict's band: overlap should hide at least this share of min(compute, comm), the most
-#: the model lets it hide (runs: 16 % and 30 %; docs/decisions.md, "Chapters 02 and 05, the
-#: lesson pass").
+#: the model lets it hide (runs: 16 % and 30 %; docs/decisions/data-parallel.md, "How overlap is
+#: measured: like with like").
 HIDDEN_AT_LEAST = 0.10
 #: Below this CPU / wall share of the compute-only step the machine is too busy for the lesson.
 MIN_CORE_SHARE = 0.8

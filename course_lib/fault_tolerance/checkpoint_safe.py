@@ -2,7 +2,8 @@
 
 torch's own :class:`~torch.distributed.checkpoint.FileSystemReader` and
 :class:`~torch.distributed.checkpoint.DefaultLoadPlanner` trust the checkpoint (plain ``pickle``,
-any path, ``torch.load(weights_only=False)``: docs/decisions.md); :class:`SafeReader` and
+any path, ``torch.load(weights_only=False)``: docs/decisions/checkpoints.md, "Why the checkpoint
+loader refuses what it refuses"); :class:`SafeReader` and
 :class:`SafeLoadPlanner` subclass them with limits. ``.metadata`` is read by
 :mod:`course_lib.fault_tolerance.metadata_check` (a restricted unpickler, every field checked,
 the work bounded before any tensor is read). Files and records obey

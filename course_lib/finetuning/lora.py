@@ -7,7 +7,8 @@ paper's code. The update equals the dense weight ``W + (alpha/r)·B·A`` (:func:
 tests' reference). Only ``A`` and ``B`` get gradients and Adam states; the activations do not
 shrink (backward still needs every layer's input). The base can be any module with
 ``in_features`` / ``out_features``: an ``nn.Linear`` or a quantized
-:class:`course_lib.finetuning.quantize.QuantLinear` (QLoRA). Why not ``peft``: docs/decisions.md.
+:class:`course_lib.finetuning.quantize.QuantLinear` (QLoRA). Why not ``peft``:
+docs/modules/finetuning.md, "finetuning/lora.py".
 """
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ _PR_SET_PDEATHSIG = 1
 ADDRS = ("10.99.0.1", "10.99.0.2")
 #: Jumbo frames, as datacenter Ethernet uses: at 1500 bytes the kernel's per-packet work (both
 #: TCP stacks run on these same cores) took ~40 % of a core during a 500 Mbit/s all-reduce, so
-#: the "wire-bound" communication was CPU-bound too (docs/decisions.md).
+#: the "wire-bound" communication was CPU-bound too (docs/decisions/communication.md, "Why the
+#: shaped link uses jumbo frames").
 MTU = 9000
 
 

@@ -6,7 +6,8 @@
 learner's pod: after it, issue 50), as one plain process. Both print ``step N loss X``
 (``course_lib/scripts/tiny.py``); one line sets the final losses side by side with ``TOLERANCE``
 (1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why:
-docs/decisions.md); returns a :class:`ScriptRun`. Options after the name: ``--no-reference``,
+docs/decisions/scripts.md, "Why %%torchrun compares the losses within 1e-4 (2e-3 for
+bfloat16)"); returns a :class:`ScriptRun`. Options after the name: ``--no-reference``,
 ``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython.
 """
 from __future__ import annotations

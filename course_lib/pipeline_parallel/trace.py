@@ -4,7 +4,8 @@
 receive, forward and backward timed into a :class:`StageTrace` (``time.perf_counter``, and the
 CPU time of each operation with ``time.thread_time``; each forward and backward first yields the
 core, so the gloo thread carrying the previous op's ``isend`` runs before the compute and not a
-scheduler slice later: docs/decisions.md), and the bytes autograd saves during each
+scheduler slice later: docs/decisions/pipeline-bubble.md, "Why a pipeline rank yields its core
+before each timed action"), and the bytes autograd saves during each
 forward added up (``saved_tensors_hooks``): the activations a micro-batch keeps until its
 backward. :func:`~course_lib.pipeline_parallel.schedules.run_schedule` stays the plain loop;
 :mod:`~course_lib.pipeline_parallel.measure` turns the traces into bubble, transfer and stash.

@@ -34,7 +34,8 @@ def rows():
     if rows[0]["speedup"] < 1.4 or not all(-0.25 <= sl.band_gap(r) <= 0.15 for r in rows):
         # One more launch before judging: the unshaped 2-rank speedup once read 1.35 on the idle
         # CI machine, when the veth still had a 1500-byte MTU and its packet work took ~40 % of
-        # a core (jumbo frames since, docs/decisions.md); a pinned rank's gloo thread can also
+        # a core (jumbo frames since: docs/decisions/communication.md, "Why the shaped link uses
+        # jumbo frames"); a pinned rank's gloo thread can also
         # wait a scheduler slice behind the compute (the bubble's excess).
         rows = sl.scaling_over_link((0, 1000, 200), steps=5)
     return rows
@@ -53,7 +54,8 @@ def test_the_speedup_falls_as_the_link_slows(rows):
 #: How far outside the unwidened α-β band a speedup may lie before the test fails (the notebook's
 #: verdict says "not as predicted", by how much, at any distance). Idle runs: +6 %, -8 %, 0 % and
 #: -16 %, -9 %, -6 % (below: half the batch costs more than half the compute, and DDP's reducer
-#: adds its own work; docs/decisions.md, "The scaling band").
+#: adds its own work; docs/decisions/communication.md, "Why the scaling verdict uses α-β's own
+#: band").
 BELOW, ABOVE = -0.25, 0.15
 
 

@@ -20,7 +20,7 @@ from course_lib.launcher.devices import usable_cores
 #: model lets it hide — the notebook's verdict band (``ov.HIDDEN_AT_LEAST``). Hidden = comm -
 #: (overlapped - compute), each a timer's reading; the serial step (one DDP bucket, the same
 #: reducer work, `overlap_models`) must pay for the communication. Known runs: 16 % and 30 %
-#: (docs/decisions.md, "Chapters 02 and 05, the lesson pass").
+#: (docs/decisions/data-parallel.md, "How overlap is measured: like with like").
 HIDDEN_AT_LEAST = ov.HIDDEN_AT_LEAST
 
 

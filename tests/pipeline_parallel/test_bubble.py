@@ -19,11 +19,12 @@ from course_lib.pipeline_parallel.schedules import schedule_ops
 from course_lib.pipeline_parallel.trace import StageTrace
 
 #: How far below the model for the stages' mean costs a measurement may lie: it leaves out how
-#: much each micro-batch's action varies, which only adds idle time (docs/decisions.md).
+#: much each micro-batch's action varies, which only adds idle time (docs/decisions/
+#: pipeline-bubble.md, "Why the bubble is compared with a model of unequal stages").
 STAGE_TOLERANCE = 0.08
 #: |measured - the layout of the same step's actions with instant messages|: what is left is the
 #: messages and the Python between actions; 14 idle sweeps measured +0.003 to +0.052
-#: (docs/decisions.md).
+#: (docs/decisions/pipeline-bubble.md, "What the bubble test asserts, and why it measures twice").
 ACTION_TOLERANCE = 0.08
 
 
@@ -38,7 +39,8 @@ def _misses(sweep: BubbleSweep) -> list[str]:
     for name in ("gpipe", "1f1b"):
         rows = sweep.schedule(name)
         # m = 1, 2 land on the formula; at m = 4, 8 idle runs measured +0.02 to +0.11 above it
-        # (docs/decisions.md), so those are held to "never below the formula, at most half of
+        # (docs/decisions/pipeline-bubble.md, "Why the bubble test does not ask for the band at
+        # every m"), so those are held to "never below the formula, at most half of
         # m = 1's bubble", and the verdict line reports which way and by how much they missed.
         checks = {
             "falls with m": all(a.bubble > b.bubble for a, b in zip(rows, rows[1:])),
@@ -65,7 +67,8 @@ def sweep():
     if not sweep.spoiled() and _misses(sweep):
         # One more launch before judging: on this VM one step's actions vary enough that a
         # median of 5 at m = 4 read below the formula, under m = 8's, in 2 of 13 idle sweeps,
-        # and the layout of those very actions said the same (docs/decisions.md).
+        # and the layout of those very actions said the same (docs/decisions/pipeline-bubble.md,
+        # "What the bubble test asserts, and why it measures twice").
         sweep = measure_bubble_sweep(p=2)
     return sweep
 

@@ -92,7 +92,8 @@ def _logged(schedule: str) -> list:
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_each_rank_posts_its_next_receive_before_it_computes(schedule):
     """gloo moves a message only into a posted receive: a receive posted when the tensor is
-    needed waits for the sender's core to be free (docs/decisions.md), so it is posted one
+    needed waits for the sender's core to be free (docs/decisions/pipeline-bubble.md, "Why each
+    rank posts its next receive before it computes"), so it is posted one
     action ahead, once, in the order the rank will take them."""
     for rank, log in enumerate(run(_logged, 2, schedule, threads=1)):
         order = schedule_ops(schedule, 2, M, rank)
