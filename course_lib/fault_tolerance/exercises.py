@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Callable
 
 from course_lib.common.checks import positive_int
-from course_lib.exercises import Feedback, check_number
+from course_lib.exercises import Feedback, check_choice, check_number
 from course_lib.fault_tolerance.interval import job_mtbf, young_daly_interval
 from course_lib.fault_tolerance.commit import MARKER, latest_committed, load_committed
 from course_lib.fault_tolerance.training import build
 from course_lib.launcher.launch import run
 
-__all__ = ["check_latest_committed", "check_young_daly", "check_mtbf_at_scale"]
+__all__ = ["check_latest_committed", "check_restart_pick", "check_young_daly", "check_mtbf_at_scale"]
 
 
 def _resume_rank(fn: Callable, root: str, expected: str, config: str) -> dict:
@@ -84,6 +84,15 @@ def check_latest_committed(fn: Callable, root: str | Path, world: int = 2,
                            "checkpoint exists: the restart would redo steps for nothing.")
     return True, (f"every one of the {world} ranks picked the newest committed checkpoint, "
                   "skipped the unfinished save and loaded its shards.")
+
+
+def check_restart_pick(answer, root) -> Feedback:
+    """Exercise 1: the directory a restart resumes from, after a crash during a save in ``root``."""
+    options = ["step_000002", "step_000004", "step_000006.tmp", "none"]
+    picked = latest_committed(root)
+    return check_choice(answer, picked.name if picked else "none", options,
+                        name="latest after a crash during save",
+                        hint="a directory counts only with a valid commit marker and a committed name.")
 
 
 def check_young_daly(answer) -> Feedback:
