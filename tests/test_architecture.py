@@ -5,7 +5,10 @@ the predictors with a literal ``4``) are read from the page itself, so the page 
 cannot drift apart: a change that breaks a statement fails here until the page says what is
 true. The chapters' order comes from ``tests/test_layout.py`` (``CHAPTERS``), its one home.
 docs/decisions.md's module notes and their headings are checked too (its entries:
-tests/test_decisions.py).
+tests/test_decisions.py). In architecture.md and every docs/modules/*.md: each name written in
+backticks (and each function the map's block names) is spelled by the code, each file named
+exists, a line count quoted as ```path.py` (~N lines)`` is within 10 %, and each ``COURSE_*``
+variable is read by the code with the default the page states.
 """
 from __future__ import annotations
 
@@ -199,3 +202,97 @@ def test_the_decisions_index_and_the_module_notes_resolve():
 @pytest.mark.parametrize("section", ["## Index", "## Module notes"])
 def test_decisions_has_its_index_and_module_notes(section):
     assert section in DECISIONS
+
+
+# --- Names, line counts and environment variables in architecture.md and docs/modules/*.md ---
+PAGES = {p.relative_to(REPO).as_posix(): p.read_text()
+         for p in [REPO / "docs" / "architecture.md", *sorted((REPO / "docs" / "modules").glob("*.md"))]}
+#: Names the pages mention that belong to torch or another library and that the course's own code
+#: never spells, or a variable's method (checked by hand against torch 2.13, DeepSpeed 0.19, glibc,
+#: PyPI), and a wrong name a correction note quotes as history.
+EXTERNAL = {"_use_grad_for_differentiable", "torch._disable_dynamo", "glibc.malloc.mmap_threshold",
+            "_use_sharded_views", "torch.distributed.tensor.debug.CommDebugMode", "NF4Tensor",
+            "accelerate", "huggingface_hub", "pyyaml", "safetensors", "tokenizers", "tqdm",
+            "transformers", "c_k", "ddp.no_sync", "engine.backward", "engine.step",
+            "data_parallel.show.plot_collective"}
+#: torch's own files a page names (torch/distributed/...), not the course's.
+TORCH_FILES = {"default_planner.py", "filesystem.py", "fsdp/_flat_param.py"}
+
+
+def _code_words() -> tuple[set[str], dict[str, str]]:
+    """Every identifier the code spells (names, and words inside its strings, which is where
+    commands, environment variables and dict keys live), and each .py file's text by its stem."""
+    words, by_stem = set(), {}
+    for top in ("course_lib", "tests", "tools", "benchmarks", "docs/site", ".ci"):
+        for path in sorted((REPO / top).rglob("*")):
+            if path.is_file() and (path.suffix == ".py" or top == ".ci"):
+                text = path.read_text()
+                words |= set(re.findall(r"[A-Za-z_]\w*", text))
+                by_stem.setdefault(path.stem, "")
+                by_stem[path.stem] += text
+    return words, by_stem
+
+
+WORDS, BY_STEM = _code_words()
+IDENT = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\(\))?")
+
+
+def _names(text: str) -> set[str]:
+    """What a page writes in backticks as a name: an identifier or a dotted one, maybe with ()."""
+    return {t.removesuffix("()") for t in re.findall(r"`([^`\n]+)`", text)
+            if IDENT.fullmatch(t) and not re.search(r"\.(py|md|json|toml|cfg|txt|ipynb)$", t)}
+
+
+def _missing(name: str) -> bool:
+    parts = name.split(".")
+    if name in EXTERNAL:
+        return False
+    if any(p not in WORDS for p in parts):
+        return True
+    # `module.attr` of a course module: that module's text must spell the attribute
+    if len(parts) == 2 and parts[0] in BY_STEM and parts[0] not in ("torch", "dist", "os"):
+        return not re.search(rf"\b{re.escape(parts[1])}\b", BY_STEM[parts[0]])
+    return False
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_name_a_page_mentions_is_in_the_code(page):
+    text = PAGES[page]
+    names = _names(text)
+    if page.endswith("architecture.md"):  # the map's block names functions without backticks
+        block = between(text, "## course_lib, by concept", "\nRules.").split("```")[1]
+        names |= {w for w in re.findall(r"\b[A-Za-z_]\w*\b", block) if "_" in w.strip("_")}
+    assert sorted(n for n in names if _missing(n)) == []
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_file_a_page_names_exists_and_its_line_count_holds(page):
+    text = PAGES[page]
+    for token in re.findall(r"`([\w./-]+\.(?:py|md|json|toml|cfg|txt|ipynb))`", text):
+        if token not in TORCH_FILES and not re.search("NAME|NN_", token):
+            assert _exists(token) or _exists(token.split("/")[-1]), token
+    quoted = re.findall(r"`([\w/]+\.py)`,? \(?~(\d+) lines", text)
+    assert len(quoted) == len(re.findall(r"~\d+ lines", text)), "a line count not tied to a file"
+    for name, stated in quoted:
+        path = next(p for p in (ROOT / name, REPO / name) if p.is_file())
+        actual = len(path.read_text().splitlines())
+        assert abs(actual - int(stated)) <= 0.1 * actual, (name, stated, actual)
+
+
+def _code_default(var: str) -> str | None:
+    for text in BY_STEM.values():
+        m = re.search(rf"""environ\.get\(\s*["']{var}["']\s*,\s*["']([^"']*)["']""", text)
+        if m:
+            return m.group(1)
+    return None
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_environment_variable_a_page_names_is_read_with_the_stated_default(page):
+    text = re.sub(r"\s+", " ", PAGES[page])
+    for var in set(re.findall(r"\b(COURSE_[A-Z_]+)\b", text)):
+        assert any(f'"{var}"' in t or f"'{var}'" in t for t in BY_STEM.values()), var
+    stated = re.findall(r"`(COURSE_[A-Z_]+)`? \(default ([^)`]+)\)", text)
+    stated += re.findall(r"`(COURSE_[A-Z_]+)(?:=| = `)(\w+)`? \(default\)", text)
+    for var, default in stated:
+        assert _code_default(var) == default.strip("`"), (var, default)

@@ -2,8 +2,8 @@
 
 `docs/decisions.md` is the index (one line per entry: question -> file#anchor). A docstring,
 comment, page or notebook that relies on a decision names its entry as
-``docs/decisions/<file>.md, "<entry title>"`` (or a module note as
-``docs/modules/<folder>.md, "<folder>/<module>.py"``); markdown links to ``decisions/<file>.md#anchor``
+``docs/decisions/<file>.md, "<entry title>"`` (a module note as
+``docs/modules/<folder>.md (<module>.py)``); markdown links to ``decisions/<file>.md#anchor``
 must land on a heading. Nothing outside docs/ points at the bare index any more: a reference that
 names no entry cannot be followed.
 """
@@ -23,6 +23,7 @@ MAX_LINES = 400
 #: Where references to decisions are looked for.
 SEARCHED = ("course_lib", "tools", "tests", "docs", "notebooks", "benchmarks")
 NAMED = re.compile(r"docs/(decisions|modules)/([\w.-]+\.md)[`'\"]*,\s*[\"“]([^\"”]+)[\"”]")
+NOTE = re.compile(r"docs/modules/([\w.-]+\.md) \((\w+\.py)\)")
 LINK = re.compile(r"\]\(((?:\.\./)*(?:docs/)?(?:decisions|modules)/[\w.-]+\.md)(?:#([^)\s]+))?\)")
 
 
@@ -99,6 +100,11 @@ def test_every_named_decision_or_module_note_resolves():
             target = DOCS / kind / name
             if not target.is_file() or title.strip() not in headings(target):
                 unresolved.append(f"{path.relative_to(REPO)}: docs/{kind}/{name}, \"{title}\"")
+        for name, module in NOTE.findall(flat):
+            named += 1
+            target = DOCS / "modules" / name
+            if not target.is_file() or not any(h.endswith("/" + module) for h in headings(target)):
+                unresolved.append(f"{path.relative_to(REPO)}: docs/modules/{name} ({module})")
         for link, frag in LINK.findall(text):
             target = (path.parent / link).resolve()
             if not target.is_file():
@@ -129,3 +135,14 @@ def test_an_old_heading_is_still_found_by_grep(old):
     found = [p for p in TOPICS if old in squash(p.read_text())]
     assert found
     assert all(old not in h for p in TOPICS for h in headings(p))
+
+
+def test_the_index_lists_every_module_note_under_its_page():
+    """The "Module notes" list names each page's sections, no more, no fewer."""
+    notes = INDEX[INDEX.index("## Module notes"):]
+    listed = dict(re.findall(r"^- \[\w+/\]\(modules/([\w.]+\.md)\): (.*)$", notes, re.M))
+    pages = sorted(p.name for p in (DOCS / "modules").glob("*.md"))
+    assert sorted(listed) == pages
+    for page, names in listed.items():
+        heads = re.findall(r"^## \w+/(\S+\.py)$", (DOCS / "modules" / page).read_text(), re.M)
+        assert sorted(re.findall(r"`([^`]+)`", names)) == sorted(heads), page

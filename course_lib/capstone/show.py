@@ -19,16 +19,21 @@ STEP_RATIO_SEEN = (3, 100)
 
 
 #: The map chapter 00 draws: each strategy, what it splits over the ranks, what that saves, what
-#: it costs in communication per training step (Ψ: the model's bytes), and where the course
-#: teaches it. FSDP's 1.5×: two all-gathers and a reduce-scatter of Ψ each against DDP's
-#: all-reduce of 2Ψ (the ZeRO paper's count, section 7).
+#: it costs in communication per training step (Ψ: the number of parameters; bytes as k·Ψ B, fp32),
+#: and where the course teaches it. An all-reduce is a reduce-scatter plus an all-gather of the
+#: same tensor, so ZeRO-1/2 send what DDP sends; ZeRO-3 (FSDP) all-gathers the parameters twice,
+#: three half-all-reduces against DDP's two halves: 1.5× (the ZeRO paper, section 7).
 STRATEGIES = (
     {"name": "Data parallel (DDP)", "splits": "the batch",
      "saves": "time: N ranks share\nevery batch",
-     "costs": "all-reduce of the gradients (≈2Ψ),\noverlapped with backward", "chapter": "02"},
-    {"name": "ZeRO / FSDP", "splits": "the batch; parameters,\ngradients, optimizer states",
+     "costs": "all-reduce of the 4Ψ B of\ngradients, overlapped with backward", "chapter": "02"},
+    {"name": "ZeRO-1 / ZeRO-2", "splits": "the batch; optimizer states\n(ZeRO-2: + gradients)",
+     "saves": "optimizer states\n(+ gradients) ÷ N",
+     "costs": "reduce-scatter grads, all-gather\nparams: as much as DDP",
+     "chapter": "03, 08"},
+    {"name": "ZeRO-3 / FSDP", "splits": "the batch; parameters,\ngradients, optimizer states",
      "saves": "model states ÷ N",
-     "costs": "all-gather params twice, reduce-\nscatter grads (≈1.5× DDP)",
+     "costs": "all-gather params twice, reduce-\nscatter grads: ≈ 1.5× DDP",
      "chapter": "03, 08"},
     {"name": "Tensor parallel", "splits": "each layer's matrices",
      "saves": "weights and a layer's\nactivations ÷ N",
@@ -71,8 +76,8 @@ def plot_strategy_map(strategies: tuple[dict, ...] = STRATEGIES):
                                         boxstyle="round,pad=0,rounding_size=0.08",
                                         facecolor="#f4f4f4", edgecolor=colour))
             ax.text(x0[j] + 0.12, y + 0.5, s[key], va="center", fontsize=FONT_MIN)
-    ax.text(0.08, -0.1, "Ψ: the model's bytes. Chapter 09 combines them; chapter 12 trains the "
-            "GPT on each.", va="top", fontsize=FONT_MIN)
+    ax.text(0.08, -0.1, "Ψ: the number of parameters. Chapter 09 combines the rows; chapter 12 "
+            "trains the GPT on each.", va="top", fontsize=FONT_MIN)
     ax.set(xlim=(0, sum(widths)), ylim=(-0.5, rows + 0.7))
     ax.axis("off")
     fig.tight_layout()

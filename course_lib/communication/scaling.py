@@ -3,12 +3,13 @@
 Each world size runs on real ranks (:func:`course_lib.run`) with DDP around the course MLP; every
 rank measures (medians, the slowest rank counts) ``step_s`` (a normal step), ``compute_s`` (the
 same inside ``no_sync()``: no all-reduce), ``allreduce_s`` (one all-reduce as large as all
-gradients) and ``compute_cpu_s`` (``time.process_time``). ``comm_s = step_s - compute_s`` is the
-communication backward could not hide; ``core_wait_s = compute_s - compute_cpu_s / threads`` is
-time spent waiting for a core (contention, not communication). ``pin=True`` gives every rank its
-own cores. Strong scaling fixes the global batch (ideal ``T(1)/p``), weak scaling the per-rank
-batch (ideal ``T(1)``). Ranks get ``cores // p`` threads (at least 1): on 2 cores, 4 ranks share
-them. The formulas and what the hardware allows: docs/modules/communication.md (scaling.py).
+gradients) and ``compute_cpu_s``. ``sync_s = step_s - compute_s`` is what DDP's synchronisation
+added; ``comm_s = sync_s - reducer_s`` (the 1-rank sync: DDP's own work) what backward could not
+hide; ``core_wait_s = compute_s - compute_cpu_s / threads`` is time spent waiting for a core.
+``pin=True`` gives every rank its own cores. Strong scaling fixes the global batch (ideal
+``T(1)/p``), weak scaling the per-rank batch (ideal ``T(1)``). Ranks get ``cores // p`` threads
+(at least 1): on 2 cores, 4 ranks share them. The formulas and what the hardware allows:
+docs/modules/communication.md (scaling.py).
 """
 from __future__ import annotations
 

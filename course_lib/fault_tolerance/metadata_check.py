@@ -1,15 +1,17 @@
 """DCP's ``.metadata`` read as data (chapter 06): a restricted unpickler, then every field checked.
 
-:class:`MetadataUnpickler` resolves only :data:`ALLOWED` names and builds only DCP's own
-dataclasses; :func:`validate_metadata` checks each field's type and bounds the work (pickle
-opcodes, seconds, chunks per tensor and in all, no chunk or byte range listed twice) before any
-tensor is read; :func:`read_metadata` does both on a pinned folder. Used by
+:class:`MetadataUnpickler` resolves only :data:`ALLOWED` names (``builtins.getattr`` only as
+:func:`enum_member`: a member of DCP's Enum by name, as Python 3.11.2 pickles it) and builds
+only DCP's own dataclasses; :func:`validate_metadata` checks each field's type and bounds the
+work (pickle opcodes, seconds, chunks per tensor and in all, no chunk or byte range listed
+twice) before any tensor is read; :func:`read_metadata` does both on a pinned folder. Used by
 :mod:`course_lib.fault_tolerance.checkpoint_safe`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import io
 import math
 import os
@@ -22,7 +24,8 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
                                                    Metadata, MetadataIndex, StorageMeta,
-                                                   TensorProperties, TensorStorageMetadata)
+                                                   TensorProperties, TensorStorageMetadata,
+                                                   _MEM_FORMAT_ENCODING)
 
 from course_lib.common.deprecation import renamed
 from course_lib.fault_tolerance.safe_files import (PinnedFolder, UnsafeCheckpointError,
@@ -44,6 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 _DCP_CLASSES = frozenset({Metadata, MetadataIndex, StorageMeta, TensorProperties,
                           TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
                           _StorageInfo})
+_ENUMS = (_MEM_FORMAT_ENCODING,)  # the Enum classes among ALLOWED: a member may come by name
 _DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
 MAX_METADATA_BYTES = 16 << 20  # the medium GPT: 77 kB; objects can be ~60x the bytes
 # The work .metadata may ask for, bounded before any tensor is read (a chunk list repeated 10^6
@@ -58,6 +62,22 @@ def _qualname(obj: Any) -> str:
     if isinstance(obj, type) or callable(obj):
         return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
     return f"a {type(obj).__name__}"
+
+
+def _refused(what: str) -> UnsafeCheckpointError:
+    return UnsafeCheckpointError(
+        f"refusing to load: .metadata asks for {what}, which is not part of DCP's metadata "
+        "(a tampered or foreign checkpoint could run code this way)")
+
+
+def enum_member(cls: Any, name: Any) -> enum.Enum:
+    """What ``builtins.getattr`` means in ``.metadata``: a member of one of DCP's Enum classes
+    by name, as Python 3.11.2 pickles it (``getattr(_MEM_FORMAT_ENCODING, "TORCH_..._FORMAT")``;
+    3.11.7 writes ``_MEM_FORMAT_ENCODING(0)``). Any other attribute of anything is refused."""
+    if any(cls is e for e in _ENUMS) and type(name) is str and name in cls.__members__:
+        return cls.__members__[name]
+    shown = label(name) if type(name) is str else f"a {type(name).__name__}"
+    raise _refused(f"builtins.getattr({_qualname(cls)}, {shown})")
 
 
 class MetadataUnpickler(pickle._Unpickler):  # the pure-Python machine: its opcodes can be checked
@@ -91,9 +111,9 @@ class MetadataUnpickler(pickle._Unpickler):  # the pure-Python machine: its opco
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise UnsafeCheckpointError(
-            f"refusing to load: .metadata asks for {label(module)}.{label(name)}, which is not "
-            "part of DCP's metadata (a tampered or foreign checkpoint could run code this way)")
+        if (module, name) == ("builtins", "getattr"):  # an Enum member by name: checked when
+            return enum_member                          # REDUCE calls it with its arguments
+        raise _refused(f"{label(module)}.{label(name)}")
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafeCheckpointError("refusing to load: .metadata holds a persistent reference")

@@ -8,7 +8,7 @@ tests' reference). Only ``A`` and ``B`` get gradients and Adam states; the activ
 shrink (backward still needs every layer's input). The base can be any module with
 ``in_features`` / ``out_features``: an ``nn.Linear`` or a quantized
 :class:`course_lib.finetuning.quantize.QuantLinear` (QLoRA). Why not ``peft``:
-docs/modules/finetuning.md, "finetuning/lora.py".
+docs/modules/finetuning.md (lora.py).
 """
 from __future__ import annotations
 

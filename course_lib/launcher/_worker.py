@@ -9,7 +9,7 @@ and stderr (Python and C level) go to pipes the parent prefixes with the rank; (
 (5) the function runs; its output pipes close, then its result or traceback goes back through
 a result pipe; (6) a rank that succeeded waits until the parent has *every* rank's result, is
 released through the lifeline and ends with ``os._exit``; a rank that failed ends at once.
-Why ``os._exit`` and the parent barrier: docs/modules/launcher.md, "launcher/_worker.py".
+Why ``os._exit`` and the parent barrier: docs/modules/launcher.md (_worker.py).
 """
 from __future__ import annotations
 

@@ -4,11 +4,12 @@
 (the working folder, removed afterwards: never the learner's folders), run under
 :func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed) and, meanwhile (in a
 learner's pod: after it, issue 50), as one plain process. Both print ``step N loss X``
-(``course_lib/scripts/tiny.py``); one line sets the final losses side by side with ``TOLERANCE``
-(1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why:
-docs/decisions/scripts.md, "Why %%torchrun compares the losses within 1e-4 (2e-3 for
-bfloat16)"); returns a :class:`ScriptRun`. Options after the name: ``--no-reference``,
-``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython.
+(``course_lib/scripts/tiny.py``); one line sets the final losses side by side and says whether
+they agree within ``TOLERANCE``, without printing it (1e-4: float32 sums in another order;
+``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why: docs/decisions/scripts.md, "Why %%torchrun
+compares the losses within 1e-4 (2e-3 for bfloat16)"). Options after the name: ``--no-reference``,
+``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython, and returns the
+:class:`ScriptRun`.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class ScriptRun:
     nprocs: int
     losses: list = field(repr=False)
     reference_losses: list | None = field(repr=False)
-    tolerance: float
+    tolerance: float = field(repr=False)
     output: str = field(repr=False, default="")
 
     @property
@@ -76,10 +77,12 @@ class ScriptRun:
             return f"{self.name}: final loss on {ranks} {self.final:.6f} (no one-process run)"
         if self.reference_final is None:
             return f"{self.name}: final loss on {ranks} {self.final:.6f}; one process printed none"
-        word = "equal within" if self.within else "DIFFERENT: beyond"
-        diff = f"{self.difference:.1e}" if self.difference else "below 1e-06 (the digits printed)"
-        return (f"final loss: {ranks} {self.final:.6f}, one process {self.reference_final:.6f}, "
-                f"difference {diff} ({word} the tolerance {self.tolerance:.0e})")
+        both = f"final loss: {ranks} {self.final:.6f}, one process {self.reference_final:.6f}"
+        if not self.within:
+            return f"{both}: DIFFERENT (by {self.difference:.1e})"
+        if self.difference:  # float sums added in another order
+            return f"{both}: the same up to rounding ({self.difference:.1e})"
+        return f"{both}: the same"
 
 
 def parse_losses(output: str) -> list[float]:
@@ -178,14 +181,15 @@ def _parse_line(line: str) -> tuple[int, str, bool, float, tuple]:
     return nprocs, name, reference, timeout, args
 
 
-def torchrun_magic(line: str, cell: str) -> ScriptRun:
-    """The cell magic: ``%%torchrun NPROC NAME.py [--no-reference] [--timeout S] [-- ARGS]``."""
+def torchrun_magic(line: str, cell: str) -> None:
+    """The cell magic: ``%%torchrun NPROC NAME.py [--no-reference] [--timeout S] [-- ARGS]``.
+    It prints; :func:`run_script` returns the :class:`ScriptRun`."""
     nprocs, name, reference, timeout, args = _parse_line(line)
     run = run_script(cell, nprocs, name, reference=reference, args=args, timeout=timeout)
-    print(run.verdict(), flush=True)
+    if reference or run.final is not None:  # a script with nothing to compare ends silently
+        print(run.verdict(), flush=True)
     if run.final is not None and not math.isfinite(run.final):
         print("the loss is not finite: the run diverged", flush=True)
-    return run
 
 
 def load_ipython_extension(ipython) -> None:

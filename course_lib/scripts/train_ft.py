@@ -9,7 +9,7 @@ course_lib.scripts.train_ft --steps 4``. Fail on purpose with ``COURSE_FT_FAULTS
 (attempt:rank:step:kind; kinds kill, raise, save). Rank 0 writes ``{"losses", "params"}`` to
 ``--out`` (``torch.load(path, weights_only=True)``). ``--standalone`` is for your own machine
 only: torchrun's stores have no authentication; on a shared machine use ``course_lib.torchrun``.
-Multi-node commands (a shared file system): docs/modules/scripts.md, "scripts/train_ft.py".
+Multi-node commands (a shared file system): docs/modules/scripts.md (train_ft.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ import time
 import psutil
 import pytest
 
-from course_lib.launcher import launch
 from course_lib.launcher.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
 from course_lib.launcher import torchrun as tr  # the module; course_lib.torchrun is the function
 from processes import wait_gone
@@ -141,15 +140,12 @@ def test_bad_requests_fail_before_starting(monkeypatch):
         torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=1e15)
 
 
-def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
+def test_the_first_script_refuses_to_run_without_torchrun(tmp_path):
+    """Chapter 00's script calls init_process_group itself: alone, torch says what is missing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     out = subprocess.run([sys.executable, "-m", "course_lib.scripts.hello_allreduce"],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    assert os.listdir(tmp_path) == []  # alone: no store file left behind
-    assert "rank 0 of 1: sum of (rank + 1) over all ranks = 1" in out.stdout
-    from course_lib.scripts.hello_allreduce import main
-    assert launch.run(main, 3) == [6.0, 6.0, 6.0]
+                         capture_output=True, text=True, timeout=60, env={**env, "TMPDIR": str(tmp_path)})
+    assert out.returncode != 0 and "environment variable RANK expected" in out.stderr
 
 
 def test_the_agents_stores_listen_on_loopback_only(tmp_path):
