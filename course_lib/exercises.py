@@ -20,7 +20,8 @@ import torch
 
 from course_lib.display import Folded
 
-__all__ = ["Feedback", "check_number", "check_close", "check_choice", "check_true", "TODO"]
+__all__ = ["Feedback", "check_number", "check_close", "check_choice", "check_true", "TODO",
+           "failure_details"]
 
 #: Put this (or ``...``) where the learner has to write an answer; checks treat it as "not yet".
 TODO = ...
@@ -30,8 +31,8 @@ TODO = ...
 class Feedback:
     """The outcome of one check: ``passed`` and a one-line message without the solution.
 
-    ``details``: the raw output of a rank that died in the learner's code, shown below the line
-    (folded behind a toggle in a notebook).
+    ``details``: what the learner's failing code left (:func:`failure_details`: a rank's
+    traceback and raw output, trimmed), shown below the line (folded behind a toggle in a notebook).
     """
 
     passed: bool
@@ -53,7 +54,7 @@ class Feedback:
     def _folded(self) -> Folded:
         mark, _, message = self._parts()
         return Folded(f"[{self.name}] {mark}: {message}", self.details,
-                      "raw output of the rank that died")
+                      "what your code left: traceback and raw output")
 
     def __repr__(self) -> str:
         return repr(self._folded())
@@ -71,6 +72,26 @@ class Feedback:
 
 
 _UNANSWERED = "not answered yet"
+
+
+def _trim(text: str, head: int, tail: int) -> str:
+    lines = text.rstrip().splitlines()
+    if len(lines) > head + tail:
+        lines = [*lines[:head], f"... ({len(lines) - head - tail} lines left out)", *lines[-tail:]]
+    return "\n".join(line if len(line) <= 300 else line[:300] + " ..." for line in lines)
+
+
+def failure_details(err: BaseException) -> str:
+    """What a failed answer left, trimmed to read at a glance: for a rank that failed
+    (:class:`~course_lib.launcher.RankError`) its traceback (the first 3 and last 20 lines) then
+    what it wrote as it died (first 15, last 10); for an error raised here, its traceback."""
+    import traceback
+    if hasattr(err, "remote_traceback"):
+        text = f"traceback from rank {err.rank}:\n{_trim(str(err.remote_traceback), 3, 20)}"
+        raw = str(getattr(err, "raw", "") or "")
+        return text + (f"\n\nwhat rank {err.rank} wrote as it died:\n{_trim(raw, 15, 10)}"
+                       if raw.strip() else "")
+    return _trim("".join(traceback.format_exception(type(err), err, err.__traceback__)), 3, 20)
 
 
 def _not_answered(answer: Any) -> bool:
@@ -149,10 +170,9 @@ def check_true(run: Callable[[], tuple[bool, str]], *, name: str = "exercise") -
             return Feedback(False, "not answered yet: your function still raises "
                                    "NotImplementedError.", name)
         where = f" on rank {err.rank}" if hasattr(err, "rank") else ""
-        if getattr(err, "summary", None):  # a recognised crash: its one line, the dump folded
-            return Feedback(False, f"your code failed: {err.summary}", name,
-                            getattr(err, "raw", ""))
+        if getattr(err, "summary", None):  # a recognised crash: its one line, the rest folded
+            return Feedback(False, f"your code failed: {err.summary}", name, failure_details(err))
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         return Feedback(False, f"your code raised {kind}{where}: {first}", name,
-                        getattr(err, "raw", ""))
+                        failure_details(err))
     return Feedback(bool(passed), message, name)

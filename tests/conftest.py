@@ -44,7 +44,7 @@ CLOCK = (
     "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",
     # the autograder's time limits and the kernel it interrupts or kills
     "tests/classroom/test_session.py",
-    "tests/classroom/test_grader.py::test_a_crash_a_deleted_folder_and_a_deadlock_fail_only_their_exercise",
+    "tests/classroom/test_grader.py::test_a_crash_a_deleted_folder_a_deadlock_and_a_failing_rank_fail_only_their_exercise",
 )
 
 # Tests that measure times and compare them (speed lessons): they need the cores to themselves,

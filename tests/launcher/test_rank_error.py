@@ -71,7 +71,7 @@ def test_chapter_09s_wrong_all_to_all_gets_a_one_line_verdict_with_the_dump_fold
                           "(shapes, dtypes or split sizes; run(..., debug='detail') compares "
                           "shapes and dtypes, not splits)")
     assert "EnforceNotMet" in fb.details and repr(fb).splitlines()[0] == f"[a2a] NOT YET: {fb.message}"
-    assert "<details><summary>raw output of the rank that died" in fb._repr_html_()
+    assert "<details><summary>what your code left: traceback and raw output" in fb._repr_html_()
     assert "Fatal Python error" not in capsys.readouterr().err
     assert "<details>" not in Feedback(True, "fine")._repr_html_()  # no dump: just the badge line
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools.classroom.edition import CHAPTERS, _source, find_exercises
+from tools.classroom.reach import why_unreachable
 from tools.classroom.sandbox import FIRST_UID, Sandbox, sweep_stale, why_not
 
 from exercise_cells import _is_stub, stubs, with_answer  # noqa: E402  (edition put tests/ on sys.path)
@@ -45,6 +46,7 @@ class ExerciseResult:
     feedback: list[str]
     seconds: float = 0.0
     review: bool = False   # decided inside the submission's sandbox: the teacher's, not counted
+    details: str = ""      # what a failure left (a rank's traceback, trimmed): folded in the page
 
 
 @dataclass
@@ -172,31 +174,58 @@ class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here and the work was not declared trusted."""
 
 
+class EnvironmentUnreachable(SandboxUnavailable):
+    """Sandboxes can be made, but the interpreter's environment cannot be shown in them
+    (:func:`tools.classroom.reach.why_unreachable`): nothing is graded."""
+
+
+ROOT = str(Path(__file__).resolve().parents[2])   # the course's folder, read-only in a sandbox
+
+
+def _refuse_unreachable(hide: tuple) -> None:
+    reason = why_unreachable(readonly=(ROOT,), hide=hide)
+    if reason is not None:
+        raise EnvironmentUnreachable(f"cannot grade here: {reason}")
+
+
+MAX_DETAILS = 6000   # characters of a failure's traceback and output kept in the feedback
+
+
+def _details(verdict: dict) -> str:
+    """What the failures of one run left (tracebacks, a rank's output), trimmed, or ''."""
+    parts = [str(d) for d in verdict.get("details") or [] if d] if isinstance(
+        verdict.get("details"), list) else []
+    parts.append(str(verdict.get("trace") or ""))
+    text = "\n\n".join(p.strip() for p in parts if p.strip())
+    return text if len(text) <= MAX_DETAILS else text[:MAX_DETAILS] + "\n... (cut)"
+
+
 def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_limit: float,
-                      cap: int) -> tuple[bool, list[str]]:
+                      cap: int) -> tuple[bool, list[str], str]:
     """The verdict: from the clean judge's run of the published check on what the submission's
-    answer produced (``judged``), or, for a class answer (``replayed`` False), from inside."""
+    answer produced (``judged``), or, for a class answer (``replayed`` False), from inside; its
+    feedback lines, and what a failure left (:func:`_details`)."""
     if entry.get("limit") == "time":
-        return False, [f"stopped after the time limit of {time_limit:g} s"]
+        return False, [f"stopped after the time limit of {time_limit:g} s"], ""
     if entry.get("limit") == "output":
-        return False, [f"stopped: it printed more than {cap:,} characters"]
+        return False, [f"stopped: it printed more than {cap:,} characters"], ""
     if entry.get("limit") == "died":
         return False, ["the kernel died while your code ran (os._exit, a crash, a kill or the "
-                       "memory limit)"]
+                       "memory limit)"], ""
     if entry.get("error"):
-        return False, [f"the grader could not run the cell: {entry['error']}"]
+        return False, [f"the grader could not run the cell: {entry['error']}"], ""
     if isinstance(entry.get("records"), str):
-        return False, [entry["records"]]
+        return False, [entry["records"]], ""
     inside = entry.get("inside") if isinstance(entry.get("inside"), dict) else {}
     if replayed and inside.get("error"):   # the answer itself raised before its checks
-        return False, [f"your code raised {str(inside['error'])[:300]}"]
+        return False, [f"your code raised {str(inside['error'])[:300]}"], _details(inside)
     verdict = judged if replayed else inside
     try:
         passed = [bool(p) for p in verdict["passed"]]
         lines = [str(m)[:2000] for m in verdict["messages"]]
         error = verdict["error"]
     except (KeyError, TypeError):
-        return False, ["the check did not report a verdict"]
+        return False, ["the check did not report a verdict"], ""
     if error:
         lines.append(f"your code raised {str(error)[:300]}" if not replayed or
                      not str(error).startswith("the check") else str(error)[:300])
@@ -204,7 +233,11 @@ def _exercise_verdict(entry: dict, judged: dict | None, replayed: bool, time_lim
         lines.append("(checked inside your sandbox: this answer cannot be judged by a separate "
                      "run, so this verdict is advice only; your teacher reviews it, and it is not "
                      "counted)")
-    return bool(passed) and all(passed) and not error, lines or ["the check did not run"]
+    ok = bool(passed) and all(passed) and not error
+    # what the failure left: from the run of the learner's own code (its sandbox: the judge's
+    # replay knows only the exception's type and message); text, shown escaped, never a verdict
+    return ok, lines or ["the check did not run"], "" if ok else (
+        _details(inside) or _details(verdict))
 
 
 def _recording(published: str, answer: str, names: list[tuple[str, bool]]) -> str:
@@ -271,7 +304,7 @@ def default_jobs() -> int:
 def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) -> dict:
     """Run ``grade_one`` on ``job`` (in a fresh sandbox unless ``trusted`` and none can be
     made); returns the sandbox's report (:meth:`Sandbox.run`)."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = ROOT
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": root,
            "COURSE_ALLOW_SHARED_LOOPBACK": "1",  # the sandbox's loopback is its own
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "LANG": "C.UTF-8",
@@ -283,6 +316,7 @@ def _run_sandboxed(job: dict, *, trusted: bool, hide: tuple, output_cap: int) ->
     budget = len(job["exercises"]) * job["time_limit"] + SETUP_LIMIT * 2 + 60
     stdin = json.dumps(job).encode()
     if why_not() is None:
+        _refuse_unreachable(hide)
         with Sandbox(_next_uid(), hide=hide, readonly=(root,)) as box:
             return box.run(argv, env=env, stdin=stdin, timeout=budget,
                            output_cap=output_cap, result_cap=RESULT_CAP)
@@ -383,12 +417,13 @@ def grade_notebook(path: Path, *, time_limit: float = 120.0, output_cap: int = 1
         return result
     for k, (name, entry) in enumerate(zip(names, entries)):
         if isinstance(answers[k], ValueError):
-            passed, lines = False, [str(answers[k])]
+            passed, lines, details = False, [str(answers[k])], ""
         else:
-            passed, lines = _exercise_verdict(entry, judged[k], job["exercises"][k]["replay"],
-                                              time_limit, output_cap)
+            passed, lines, details = _exercise_verdict(
+                entry, judged[k], job["exercises"][k]["replay"], time_limit, output_cap)
         review = not job["exercises"][k]["replay"] and not isinstance(answers[k], ValueError)
-        result.exercises.append(ExerciseResult(name, passed, lines, review=review))
+        result.exercises.append(ExerciseResult(name, passed, lines, review=review,
+                                               details=details))
     result.seconds = time.monotonic() - start
     return result
 
@@ -400,16 +435,18 @@ def grade_folder(folder: Path, *, time_limit: float = 120.0, output_cap: int = 1
     """Grade every ``*.ipynb`` under ``folder``, each in a sandbox of its own, ``jobs`` of them
     at once (default :func:`default_jobs`); one that cannot be graded is reported, not fatal.
     Raises :class:`SandboxUnavailable` before grading anything where no sandbox can be made,
-    unless ``trusted``. The results (and ``progress`` lines) come in the files' sorted order."""
+    unless ``trusted``, and :class:`EnvironmentUnreachable` where the interpreter's environment
+    cannot be shown in one (:mod:`tools.classroom.reach`). The results (and ``progress`` lines) come in the files' sorted order."""
     reason = why_not()
     if reason is not None and not trusted:
         raise SandboxUnavailable(
             f"cannot grade untrusted work here: {reason}. Each submission needs a sandbox "
             "(its own user, cgroup and namespaces; run the grader as root on Linux). Pass "
             "--trusted only for work you trust: then submissions run as you, unconfined")
-    if reason is None:
-        sweep_stale()  # sandboxes left by a grader that was killed
     hide = (str(folder), *map(str, hide))
+    if reason is None:
+        _refuse_unreachable(hide)   # one line naming the path and the fix, before any grading
+        sweep_stale()  # sandboxes left by a grader that was killed
     paths = sorted(p for p in Path(folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
     def one(path: Path) -> Result:

@@ -7,7 +7,8 @@ so the kernel it starts, same uid, cannot open it through ``/proc``), per exerci
 - ``mode: answers`` (the submission's sandbox): the published cell with the student's answer
   in place of the stub, each name the exercise asks for recorded before the checks run
   (:mod:`tools.classroom.replay`): the record files, sent back as they are; what the checks said
-  there is ignored, except for an exercise whose answer is a class (not replayable);
+  there (one line each, and what a failure left: :func:`course_lib.exercises.failure_details`)
+  is ignored, except for an exercise whose answer is a class (not replayable);
 - ``mode: judge`` (a second sandbox, no student code in it): the published chapter, and at each
   exercise its published cell with those names replayed from the records: the verdicts.
 """
@@ -29,9 +30,9 @@ _CELL = '''
 def __course_cell(code, folder, label):
     import json
     from IPython import get_ipython
-    from course_lib.exercises import Feedback
+    from course_lib.exercises import Feedback, failure_details
     from tools.classroom.replay import record, replay
-    seen, error = [], None
+    seen, error, trace = [], None, ""
     ns = dict(get_ipython().user_ns)
     ns["__record"] = lambda v: (seen.append(v) if isinstance(v, Feedback) else None, v)[1]
     ns["__course_record"], ns["__course_replay"], ns["__course_folder"] = record, replay, folder
@@ -39,8 +40,11 @@ def __course_cell(code, folder, label):
         exec(compile(code, label, "exec"), ns)
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        trace = failure_details(exc)
     return json.dumps({"passed": [bool(f.passed) for f in seen],
-                       "messages": [str(f) for f in seen], "error": error})
+                       "messages": [repr(Feedback(f.passed, f.message, f.name)) for f in seen],
+                       "details": [str(f.details) for f in seen], "error": error,
+                       "trace": trace})
 '''
 
 

@@ -4,7 +4,8 @@
 exercise (``<chapter>: <name>``, 1 or 0; ``review`` for a verdict the grader could not make
 outside the submission, not counted; empty for another chapter's), ``total``, ``possible``,
 ``percent_correct`` and ``error`` (a notebook the grader could not grade). ``feedback.html`` lists
-each notebook's exercises with the check's own messages (they never contain the solution).
+each notebook's exercises with the check's own messages (they never contain the solution) and,
+folded under a failed one, what the failure left (a rank's traceback and output, trimmed).
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def write_gradebook(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
             mark = "passed" if e.passed else "not yet"
             mark = f"to review (its own check said {mark})" if e.review else mark
             lines = "".join(f"<li>{html.escape(line)}</li>" for line in e.feedback)
+            if e.details:   # a failure's traceback and output, trimmed: folded under the lines
+                lines += ("<li><details><summary>what your code left: traceback and output "
+                          "(trimmed)</summary><pre style='white-space: pre-wrap'>"
+                          f"{html.escape(e.details)}</pre></details></li>")
             rows.append(f"<li class='{'review' if e.review else mark.replace(' ', '-')}'><b>{html.escape(e.name)}</b>: "
                         f"{mark}<ul>{lines}</ul></li>")
         rows.append("</ul>")

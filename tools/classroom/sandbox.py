@@ -9,8 +9,10 @@ What :class:`Sandbox` gives the process it starts (issue 49), as root on Linux:
   process in it is killed (``cgroup.kill`` on v2, freeze-kill-thaw on v1), daemons included;
 - **a network namespace** whose only interface is its own loopback: a port it listens on exists
   in that namespace only, and dies with it;
-- **a mount namespace**: the course's folder read-only (``readonly``), a private ``/tmp`` and
-  ``/dev/shm`` (tmpfs), the folders in ``hide``
+- **a mount namespace**: a private ``/tmp`` and ``/dev/shm`` (tmpfs); the course's folder
+  (``readonly``) and the interpreter's (its prefixes, site-packages, editable install: wherever
+  they live, under ``/tmp`` or a folder others cannot enter, :mod:`tools.classroom.reach`)
+  bound back read-only at their own paths, nothing beside them; the folders in ``hide``
   (the submissions, the gradebook's folder) covered by empty read-only tmpfs, and ``/proc``
   remounted with ``hidepid=2`` (no other user's processes or command lines);
 - its output goes into a pipe the grader reads with a cap (:meth:`Sandbox.run`), and it gets a
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from course_lib.launcher._private_net import _loopback_up
+from tools.classroom.reach import PRIVATE, plan
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -94,6 +97,7 @@ class Sandbox:
         self.uid, self.network = uid, network
         self.readonly = [os.path.abspath(r) for r in readonly]
         self.hide = [os.path.abspath(h) for h in hide]
+        self.reach = plan(self.readonly)   # computed here: the child only mounts
         self.home = tempfile.mkdtemp(prefix=f"course-sandbox-{uid}-")
         os.chown(self.home, uid, uid)
         os.chmod(self.home, 0o700)
@@ -130,20 +134,33 @@ class Sandbox:
         if libc.unshare(CLONE_NEWNS | (CLONE_NEWNET if self.network else 0)) != 0:
             raise OSError(ctypes.get_errno(), "unshare")
         _mount(libc, b"none", b"/", None, _MS_REC | _MS_PRIVATE)
-        for where in (b"/tmp", b"/dev/shm"):
+        # the interpreter's folders and the course's, held open before /tmp and the closed
+        # folders above them are covered, then bound back read-only at their own paths (reach.py)
+        held = [(os.open(t, os.O_PATH), t) for t in self.reach.targets]
+        for where in PRIVATE:
             if os.path.isdir(where):
-                _mount(libc, b"tmpfs", where, b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                _mount(libc, b"tmpfs", where.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                        b"mode=1777,size=512m")
-        self._reach_python(libc)
-        for path in self.hide:
+        for closed in self.reach.covers:
+            _mount(libc, b"tmpfs", closed.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                   b"mode=0755,size=64k")
+        umask = os.umask(0o022)   # the folders made on the way: others may enter them
+        for fd, target in held:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.makedirs(target, exist_ok=True)
+            elif not os.path.exists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+            _mount(libc, f"/proc/self/fd/{fd}".encode(), target.encode(), None,
+                   _MS_BIND | _MS_REC)
+            _mount(libc, b"none", target.encode(), None,
+                   _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+            os.close(fd)
+        os.umask(umask)
+        for path in self.hide:  # last: also over what a bind above brought back
             if os.path.isdir(path):
                 _mount(libc, b"tmpfs", path.encode(), b"tmpfs",
                        _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"mode=0,size=4k")
-        for path in self.readonly:  # the course's files: read-only whoever owns them
-            if os.path.isdir(path):
-                _mount(libc, path.encode(), path.encode(), None, _MS_BIND | _MS_REC)
-                _mount(libc, b"none", path.encode(), None,
-                       _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
         try:  # other users' processes and command lines out of sight
             _mount(libc, b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                    b"hidepid=2")
@@ -155,24 +172,6 @@ class Sandbox:
         os.setresgid(self.uid, self.uid, self.uid)
         os.setresuid(self.uid, self.uid, self.uid)
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-
-    def _reach_python(self, libc) -> None:
-        """Where the interpreter lives below a folder other users cannot enter (``/root``, 0700),
-        cover that folder with an empty tmpfs holding only the interpreter, read-only."""
-        prefix = os.path.realpath(sys.base_prefix)
-        parts = Path(prefix).parts
-        blocked = next((Path(*parts[:i]) for i in range(2, len(parts))
-                        if not os.stat(Path(*parts[:i])).st_mode & stat.S_IXOTH), None)
-        if blocked is None:
-            return
-        aside = b"/tmp/.course-python"
-        os.mkdir(aside)
-        _mount(libc, prefix.encode(), aside, None, _MS_BIND | _MS_REC)
-        _mount(libc, b"tmpfs", str(blocked).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-               b"mode=0755,size=4k")
-        os.makedirs(prefix, exist_ok=True)
-        _mount(libc, aside, prefix.encode(), None, _MS_BIND | _MS_REC)
-        _mount(libc, b"none", prefix.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
 
     def run(self, argv: list[str], *, env: dict, stdin: bytes, timeout: float,
             output_cap: int, result_cap: int = 4 << 20) -> dict:
