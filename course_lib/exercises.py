@@ -88,6 +88,10 @@ def failure_details(err: BaseException) -> str:
     import traceback
     if hasattr(err, "remote_traceback"):
         text = f"traceback from rank {err.rank}:\n{_trim(str(err.remote_traceback), 3, 20)}"
+        if getattr(err, "ended", None):   # how it ended and its last lines (launcher, issue 57)
+            text += f"\n\nrank {err.rank} {err.ended}"
+        if getattr(err, "last_lines", None):
+            text += f"\n\nits last lines:\n{_trim(str(err.last_lines), 0, 15)}"
         raw = str(getattr(err, "raw", "") or "")
         return text + (f"\n\nwhat rank {err.rank} wrote as it died:\n{_trim(raw, 15, 10)}"
                        if raw.strip() else "")

@@ -117,7 +117,8 @@ CORRECTED = {
 
 #: term → the chapter (notebook prefix) that first uses and defines it
 TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07", "DCP": "06",
-         "cp": "04", "ep": "04", "veth": "05"}
+         "cp": "04", "ep": "04", "veth": "05",
+         "SDPA": "09", "Float8": "09", "AsyncTP": "09"}
 
 
 def _markdown(path: Path) -> list[str]:

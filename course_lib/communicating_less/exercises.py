@@ -5,7 +5,7 @@ the DiLoCo outer step (SGD, Nesterov momentum 0.9, lr 0.7) twice in one launch: 
 learner's ``outer_step(model, global_params, outer_opt)``, once with the library's
 (:func:`course_lib.communicating_less.local_sgd.outer_step`); after 12 inner steps (3 outer
 steps) both ranks' weights must agree with the reference's to float tolerance.
-``check_bytes_per_step(answer)``: bytes per inner step each of 2 ranks sends with H = 8.
+``check_bytes_per_step(answer)``: bytes per inner step each of 4 ranks sends with H = 8.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def check_outer_step(outer_step) -> tuple[bool, str]:
 
 
 def check_bytes_per_step(answer) -> Feedback:
-    """Bytes per inner step a rank sends with H = 8 on 2 ranks (a ring all-reduce of fp32)."""
-    world, H = 2, 8
+    """Bytes per inner step a rank sends with H = 8 on 4 ranks (a ring all-reduce of fp32)."""
+    world, H = 4, 8
     expected = 4 * mlp_param_count(SIZES) * 2 * (world - 1) / world / H
     return check_number(answer, expected, rtol=0.01, name="bytes per inner step", unit="B",
                         hint="one all-reduce of the whole fp32 model, shared out over H steps")

@@ -25,56 +25,33 @@ import threading
 import time
 import queue
 
+import cloudpickle
+
 from course_lib.common.checks import positive_int
 from course_lib.launcher.launch import server_paused
 
 PYTHON = [sys.executable, "-m", "course_lib.communicating_less.replicas"]
 
 
-def _replica(index: int, lighthouse: str, steps: int, step_s: float) -> None:
-    """One replica group: train the chapter's student under a torchft Manager, a line per step."""
-    from datetime import timedelta
+def _replica(train, index: int, lighthouse: str, steps: int, step_s: float) -> None:
+    """One replica group: ``train`` (the chapter's loop) under torchft, a JSON line per step."""
     import hashlib
-    import torch
-    import torch.nn.functional as F
     from torch.distributed import TCPStore
-    from torchft import Manager, ProcessGroupGloo
-    from torchft.optim import OptimizerWrapper
-    from course_lib.common.models import MLP
-    from course_lib.communicating_less.task import SEED, SIZES, eval_loss, task_batch
-    torch.manual_seed(SEED + index)  # different weights: only a fetch from the peer equals them
-    model = MLP(SIZES)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    wait = timedelta(seconds=30)
-    manager = Manager(pg=ProcessGroupGloo(timeout=wait), min_replica_size=1,
-                      load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
-                                                  opt.load_state_dict(sd["opt"])),
-                      state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict()},
-                      replica_id=f"replica{index}", store_addr="127.0.0.1",
-                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
-                      hostname="127.0.0.1", timeout=wait, quorum_timeout=wait,
-                      connect_timeout=wait)
-    optim = OptimizerWrapper(manager, opt)
+    from course_lib.communicating_less.task import eval_loss
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # this group's store
     print(json.dumps({"replica": index, "started": time.time()}), flush=True)
-    while True:
-        start = time.monotonic()
-        optim.zero_grad()                  # starts this step's quorum
-        x, y = task_batch(manager.current_step(), index)
-        F.mse_loss(model(x), y).backward()
-        for p in model.parameters():       # averaged over the replicas in this step's quorum
-            manager.allreduce(p.grad).wait()
-        optim.step()  # only if should_commit(): agreed within this replica group, not across
-        #               groups; False here when this group's own all-reduce failed
-        step, n = manager.current_step(), manager.num_participants()
+    clock = [time.monotonic()]
+
+    def log(step: int, participants: int, model) -> None:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
                                          for p in model.parameters())).hexdigest()[:16]
-        print(json.dumps({"replica": index, "step": step, "participants": n,
+        print(json.dumps({"replica": index, "step": step, "participants": participants,
                           "weights": digest, "t": time.time()}), flush=True)
-        if step >= steps and n == 2:
-            break
-        time.sleep(max(0.0, step_s - (time.monotonic() - start)))  # stands for a longer step
-    print(json.dumps({"replica": index, "done": step, "loss": eval_loss(model)}), flush=True)
+        time.sleep(max(0.0, step_s - (time.monotonic() - clock[0])))  # stands for a longer step
+        clock[0] = time.monotonic()
+
+    model = train(index, lighthouse, store.port, steps, log)
+    print(json.dumps({"replica": index, "done": steps, "loss": eval_loss(model)}), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
@@ -85,12 +62,14 @@ class _Zygote:
     a fresh interpreter importing them again (seconds each on 2 cores, while the survivor waits).
     A replica dies with the zygote, which ends when the job closes its socket."""
 
-    def __init__(self) -> None:
+    def __init__(self, train) -> None:
         import torch._dynamo  # noqa: F401 - the optimizer's first step imports it lazily
-        import torch.nn.functional  # noqa: F401 - what _replica imports, imported here once
+        import torch.nn.functional  # noqa: F401 - what the loop imports, imported here once
         from torchft import Manager, ProcessGroupGloo  # noqa: F401
+        from torchft.ddp import DistributedDataParallel  # noqa: F401
         from torchft.optim import OptimizerWrapper  # noqa: F401
         from course_lib.communicating_less import task  # noqa: F401
+        self.train = train
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
@@ -101,8 +80,7 @@ class _Zygote:
                 os._exit(70)
         theirs.close()
 
-    @staticmethod
-    def _serve(sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the replicas
         while True:
             msg, fds, _, _ = socket.recv_fds(sock, 4096, 1)
@@ -115,7 +93,7 @@ class _Zygote:
                 sock.close()
                 os.dup2(fds[0], 1)
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-                _replica(*json.loads(msg))
+                _replica(self.train, *json.loads(msg))
                 os._exit(0)
             os.close(fds[0])
             sock.send(struct.pack("!q", pid))
@@ -154,7 +132,7 @@ class _Forked:
             time.sleep(0.01)
 
 
-def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
+def _job(steps: int, kill_at: int, step_s: float, timeout: float, train) -> None:
     """In a private network namespace: lighthouse, two replicas, one killed and restarted."""
     from course_lib.launcher.netns import PrivateNetRefused, enter_private
     try:
@@ -162,7 +140,7 @@ def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
     except PrivateNetRefused as exc:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
-    zygote = _Zygote()  # before the lighthouse's threads exist
+    zygote = _Zygote(train)  # before the lighthouse's threads exist
     from torchft.coordination import LighthouseServer
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500,
                                   heartbeat_timeout_ms=1000)
@@ -208,17 +186,35 @@ def _job(steps: int, kill_at: int, step_s: float, timeout: float) -> None:
 
 
 def survive_a_failure(steps: int = 30, kill_at: int = 8, step_s: float = 0.1,
-                      timeout: float = 120.0) -> list[dict]:
-    """Run the torchft job; return its JSON lines (steps, the kill, each replica's end)."""
+                      timeout: float = 120.0, train=None) -> list[dict]:
+    """Run the torchft job; return its JSON lines (steps, the kill, each replica's end).
+
+    ``train(replica_id, lighthouse, store_port, steps, log)`` is each replica group's loop
+    (default :func:`course_lib.communicating_less.ft_replica.train_replica`); a notebook cell's
+    function travels to the job by value (cloudpickle), so a learner's edit runs there."""
     steps, kill_at = positive_int(steps, "steps"), positive_int(kill_at, "kill_at")
     if kill_at >= steps:
         raise ValueError(f"kill_at ({kill_at}) must come before the last step ({steps})")
     if not 0 <= step_s <= 5:
         raise ValueError(f"step_s must be between 0 and 5 seconds, got {step_s!r}")
+    if train is None:
+        from course_lib.communicating_less.ft_replica import train_replica as train
+    if not callable(train):
+        raise TypeError(f"train must be a function, got {type(train).__name__}")
+    payload = cloudpickle.dumps(train)
     with server_paused():  # the job's zygote imports torch itself: no idle rank server beside it
-        done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
-                               str(timeout)], capture_output=True, text=True, timeout=timeout + 30)
-    lines = [json.loads(l) for l in done.stdout.splitlines() if l.startswith("{")]
+        try:  # the job stops itself after `timeout`; this bounds its start and its cleanup too
+            done = subprocess.run([*PYTHON, "job", str(steps), str(kill_at), str(step_s),
+                                   str(timeout)], input=payload, capture_output=True,
+                                  timeout=timeout + 30)
+        except subprocess.TimeoutExpired as exc:
+            said = (exc.stdout or b"").decode(errors="replace")
+            last = [l for l in said.splitlines() if l.startswith("{")][-1:] or [None]
+            raise TimeoutError(f"the torchft job did not end within {timeout + 30:g} s (its "
+                               f"{timeout:g} s and 30 s to start and clean up); it was killed, "
+                               f"and its replicas with it (last line: {last[0]})") from None
+    stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    lines = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
     refused = next((l["refused"] for l in lines if "refused" in l), None)
     if refused:
         raise RuntimeError(refused)
@@ -226,7 +222,7 @@ def survive_a_failure(steps: int = 30, kill_at: int = 8, step_s: float = 0.1,
         raise TimeoutError(f"the torchft job did not finish within {timeout:g} s "
                            f"(last line: {lines[-2] if len(lines) > 1 else None})")
     if done.returncode != 0 or sum("done" in l for l in lines) != 2:
-        tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+        tail = "\n".join(stderr.strip().splitlines()[-20:])
         raise RuntimeError(f"the torchft job failed (exit {done.returncode}):\n{tail}")
     return lines
 
@@ -256,6 +252,7 @@ def summarize(lines: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+    _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]),
+         cloudpickle.loads(sys.stdin.buffer.read()))  # the loop, from the caller (its own user)
     sys.stdout.flush()
     os._exit(0)  # everything is closed: the interpreter's own shutdown took another second

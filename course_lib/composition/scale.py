@@ -18,7 +18,7 @@ from course_lib.composition.layout import Layout
 from course_lib.composition.layouts import KNOWN, predict_pp_bytes
 from course_lib.composition.records import Record
 
-__all__ = ["SCALE_PRESETS", "LLAMA3_405B", "AtScale", "at_scale", "scale_table"]
+__all__ = ["SCALE_PRESETS", "LLAMA3_405B", "LLAMA3_405B_LONG", "AtScale", "at_scale", "scale_table"]
 
 #: the course's GPT (4h GELU MLP, full multi-head attention) at the depth and width of large
 #: models: Llama 2 7B/70B and Llama 3 405B have 32/80/126 layers of width 4096/8192/16384
@@ -31,6 +31,8 @@ SCALE_PRESETS = {
 #: Llama 3 405B pre-training on 16,384 H100 GPUs at sequence length 8,192 (Table 4 of
 #: "The Llama 3 Herd of Models", 2024): TP 8, CP 1, PP 16, DP 128 (DP is FSDP)
 LLAMA3_405B = {"tp": 8, "pp": 16, "dp_shard": 128}
+#: its long-context stage, sequence length 131,072, same GPUs (same table): TP 8, CP 16, PP 16, DP 8
+LLAMA3_405B_LONG = {"tp": 8, "cp": 16, "pp": 16, "dp_shard": 8}
 
 
 @dataclasses.dataclass

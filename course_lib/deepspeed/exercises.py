@@ -1,6 +1,6 @@
 """Chapter 08's exercise checks: a learner's DeepSpeed config, on paper and on real ranks.
 
-:func:`check_fit_config` "runs" a config for a 7B model through the course's prediction;
+:func:`deepspeed_prediction` is exercise 1's value; :func:`check_fit_config` "runs" a config for a 7B model through the course's prediction;
 :func:`check_ds_config` runs a learner's config through ``deepspeed.initialize`` on real ranks
 and compares the bytes each rank holds with the prediction for ZeRO-2 in bf16.
 """
@@ -17,12 +17,21 @@ from course_lib.deepspeed.load import deepspeed_status
 from course_lib.launcher.launch import run
 from course_lib.sharding.formulas import param_shapes
 
-__all__ = ["check_fit_config", "fit_answer", "check_ds_config", "TASK"]
+__all__ = ["check_fit_config", "fit_answer", "check_ds_config", "deepspeed_prediction", "TASK"]
 
 
 def _need(shapes: list, stage: int, n_gpus: int) -> int:
     return max(predict_deepspeed(shapes, stage, n_gpus, moment=m)["model_states"]
                for m in ("backward", "step"))
+
+
+def deepspeed_prediction(stage: int, world: int, config: GPTConfig | str = "tiny",
+                         moment: str = "step") -> int:
+    """Exercise 1's value: rank 0's model-state bytes under ZeRO ``stage`` on ``world`` ranks
+    (fp32, torch's Adam, ``reduce_bucket_size`` 2**14), by the course's prediction, which the
+    chapter checks against DeepSpeed's own tensors at N = 2 (the widget measures N = 4)."""
+    return predict_deepspeed(param_shapes(get_config(config)), stage, world,
+                             moment=moment)["model_states"]
 
 
 def fit_answer(config: GPTConfig | str, n_gpus: int, gpu_bytes: float,

@@ -3,12 +3,12 @@
 Chapter 08 types :func:`train_deepspeed` in an editable cell (metadata ``library_copy``; the test
 ``tests/test_cell_library_identity.py`` keeps the two identical) and ships the *cell's* function
 to the ranks: :func:`course_lib.deepspeed.engine.run_zero_stages` (``train=``) calls it once per
-ZeRO stage inside every rank, so a learner's edit changes what the ranks run.
+ZeRO stage inside every rank, so a learner's edit changes what the ranks run. Inside the ranks
+DeepSpeed is already imported, by :func:`course_lib.deepspeed.load.load_deepspeed`.
 """
 from __future__ import annotations
 
-from course_lib.common.models import GPT
-from course_lib.deepspeed.load import load_deepspeed
+import torch.nn.functional as F
 
 __all__ = ["train_deepspeed"]
 
@@ -22,12 +22,14 @@ def train_deepspeed(model, ds_config, batches, after_backward=None):
     at the end of ``gradient_accumulation_steps`` micro-batches. ``after_backward(engine)``
     runs after every backward (the chapter counts the bytes there).
     """
-    deepspeed = load_deepspeed()
+    import deepspeed
+
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=ds_config)
     losses = []
     for inputs, targets in batches:
-        loss = GPT.loss(engine(inputs), targets)
+        logits = engine(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # next-token loss
         engine.backward(loss)
         if after_backward is not None:
             after_backward(engine)

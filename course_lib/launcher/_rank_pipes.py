@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import selectors
 import signal
 import struct
@@ -24,6 +25,7 @@ from typing import Callable
 from course_lib.launcher import _results, progress
 
 PIPES = ("out", "err", "result", "exit")
+LAST_LINES = 15  # what a rank wrote last (both streams), shown when it dies without a traceback
 # the first line of what a process writes as it aborts: C++'s terminate, CPython's fatal error
 _CRASH = re.compile(r"terminate called |Fatal Python error: ")
 
@@ -40,6 +42,7 @@ class Rank:
     exitcode: int | None = None
     stamps: list = field(default_factory=list)  # (phase, time.monotonic()) from the rank
     err_tail: deque = field(default_factory=lambda: deque(maxlen=60))  # last stderr lines
+    said: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))  # stdout and stderr
     dump: list = field(default_factory=list)  # a dying process's raw dump, held back (folded)
     dump_shown: bool = False  # the dump went into the RankError raised for this rank
 
@@ -91,6 +94,7 @@ def pump(state: Rank, name: str, fd: int, sel: selectors.BaseSelector) -> bool:
                 progress.emit(text, state.rank, stream)
             if name == "err":
                 state.err_tail.append(text)
+            state.said.append(text)
     if not data:
         sel.unregister(fd)
     return bool(data)
@@ -103,6 +107,19 @@ def _unpickle(raw: bytearray) -> tuple:
     except Exception:  # noqa: BLE001 - truncated (None): the rank died while writing it
         return None, []
     return (("ok", value_pickle) if outcome[0] == "ok" else outcome), stamps
+
+
+def settle(state: Rank, sel: selectors.BaseSelector) -> None:
+    """The rank's process is gone (its exit status came): read what its result pipe holds and stop
+    waiting on it. Whatever it wrote is in the pipe by now, but the pipe need not close: a
+    process the rank started (in a session of its own: the server's kill of the rank's group
+    misses it) may hold its write end, and then no end-of-file would ever come."""
+    fd = state.fds["result"]
+    while fd in sel.get_map() and select.select([fd], [], [], 0)[0]:
+        pump(state, "result", fd, sel)  # at the end-of-file it parses the result itself
+    if fd in sel.get_map():  # still held open: what arrived is all there will be
+        sel.unregister(fd)
+        state.outcome, state.stamps = _unpickle(state.partial["result"])
 
 
 def open_pipes(sel: selectors.BaseSelector, state: Rank) -> set:

@@ -80,6 +80,8 @@ def main(job: tuple, fds: list[int]) -> None:
     rank, placement, store_path, timeout_s, payload, context = job
     stamps = [("rank started", time.monotonic())]
     out_fd, err_fd, result_fd, lifeline_fd = fds
+    for fd in (result_fd, lifeline_fd):  # not for a program the rank runs (stdout/err are)
+        os.set_inheritable(fd, False)
     answered = threading.Event()
     watcher = threading.Thread(target=_watch_lifeline, args=(lifeline_fd, answered), daemon=True)
     watcher.start()

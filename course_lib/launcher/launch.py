@@ -28,7 +28,7 @@ import cloudpickle
 
 from course_lib.launcher import _diagnose, _results, devices, progress
 from course_lib.launcher._rank_error import RankError, failure_of, show_in_notebook
-from course_lib.launcher._rank_pipes import PIPES, Rank, drain, open_pipes, pump, wait_exit
+from course_lib.launcher._rank_pipes import PIPES, Rank, drain, pump, settle, wait_exit
 from course_lib.launcher._run_guard import holding_interrupts, make_run_dir
 from course_lib.launcher._server_cache import ServerCache as _ServerCache, pauses_for_torchrun
 from course_lib.launcher._server_cache import idle_seconds, memory_limit  # noqa: F401 (their home)
@@ -282,17 +282,17 @@ def _supervise(ranks: list[Rank], sel: selectors.BaseSelector, nprocs: int, dead
                 state, name = key.data
                 if pump(state, name, key.fd, sel):
                     continue
-                if name == "result":
-                    if state.outcome is None or state.outcome[0] == "error":
-                        wait_exit(state, sel)
-                        culprit = _diagnose.culprit(state, ranks, sel)
-                        if culprit is not state:  # a victim of a peer that died: name the peer
-                            wait_exit(culprit, sel)
-                        raise failure_of(culprit, nprocs)
-                    waiting.discard(state.rank)
-                    view.update(done=nprocs - len(waiting))
-                elif name == "exit" and state.rank in waiting and "result" not in open_pipes(sel, state):
-                    raise failure_of(state, nprocs)
+                if name != "result" and (name != "exit" or state.rank not in waiting):
+                    continue
+                settle(state, sel)  # gone (an exit): its result is what its pipe holds, if open
+                if state.outcome is None or state.outcome[0] == "error":
+                    wait_exit(state, sel)
+                    culprit = _diagnose.culprit(state, ranks, sel)
+                    if culprit is not state:  # a victim of a peer that died: name the peer
+                        wait_exit(culprit, sel)
+                    raise failure_of(culprit, nprocs, ranks)
+                waiting.discard(state.rank)
+                view.update(done=nprocs - len(waiting))
             view.tick()
         for key, _ in sel.select(timeout=0):  # lines written before the last result, if unread
             if key.data[1] in ("out", "err"):

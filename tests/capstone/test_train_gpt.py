@@ -16,8 +16,11 @@ STEPS, EVAL = 6, 3
 #: a wrong batch moves the loss by ~1e-2 within the first steps (seen on a broken split)
 LOSS_TOLERANCE = 1e-4
 #: measured per-rank peak / predicted: 1.000 on every rank here but a first pipeline stage's
-#: (1.018: gradients in flight in backward, left out); ignoring activations misses by > 40 %
-PEAK_TOLERANCE = (0.995, 1.03)
+#: (1.018: gradients in flight in backward, left out); ignoring activations misses by > 40 %.
+#: On a busy machine a TP rank's can be 1.024 (1 run in 16 of tp 2, 2026-12-07): an all-reduced
+#: activation (128 KiB at tiny) still held by the gloo worker thread that ran the collective
+#: when the step peaks; gloo has 2 worker threads, so at most 2 such buffers: 1.047
+PEAK_TOLERANCE = (0.995, 1.05)
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,9 @@ def test_exercise_check_passes_the_reference_and_fails_a_sum():
     assert exercises.check_outer_step(outer_step)[0]
     ok, message = exercises.check_outer_step(_summed)
     assert not ok and "scale" in message
+
+
+def test_exercise_2_asks_for_four_ranks():
+    from course_lib.communicating_less.exercises import check_bytes_per_step
+    assert "PASS" in repr(check_bytes_per_step(4 * 102_928 * 2 * 3 / 4 / 8))
+    assert "PASS" not in repr(check_bytes_per_step(4 * 102_928 * 2 * 1 / 2 / 8))  # 2 ranks' answer

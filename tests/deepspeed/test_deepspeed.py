@@ -253,3 +253,36 @@ def test_holdings_figure_draws_the_census_of_the_run(result):
     for stage, totals in enumerate(bar_totals(plot_stage_holdings(result))):
         assert totals == pytest.approx([r[stage]["after_backward"]["model_states"] / 1e6
                                         for r in result["ranks"]])
+
+
+def test_the_chapters_json_config_is_the_librarys():
+    """Chapter 08 types its config as literal JSON; it is deepspeed_config's, stage by stage
+    (the stage-3 threshold is in the text for every stage: stages 0-2 do not read it)."""
+    import json
+    import re
+    from pathlib import Path
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "08_deepspeed_and_megatron.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    text = re.search(r'json\.loads\("""(.*?)"""\)', next(c for c in cells if "json.loads" in c), re.S)
+    literal = json.loads(text.group(1))
+    for stage in (2, 3):
+        mine = {**literal, "zero_optimization": {**literal["zero_optimization"], "stage": stage}}
+        want = deepspeed_config(stage)
+        want["zero_optimization"].setdefault("stage3_param_persistence_threshold", 0)
+        assert mine == want
+
+
+def test_exercise_1_value_is_the_prediction_at_four_ranks():
+    from course_lib.deepspeed.exercises import deepspeed_prediction
+    from course_lib.common.models import get_config, param_count
+    psi = param_count(get_config("tiny"))
+    assert psi == 136_960  # the exercise cell states it
+    assert deepspeed_prediction(stage=3, world=4) == pytest.approx(20 * psi // 4 + 4 * 2**14, rel=1e-3)
+    assert deepspeed_prediction(stage=3, world=2) == 1_435_149  # the census at N = 2, stored above
+
+
+def test_the_offload_cell_states_the_7b_gpts_numbers():
+    from course_lib.common.models import get_config, param_count
+    from course_lib.deepspeed.show import _largest
+    config = get_config("gpt-7b")
+    assert (param_count(config), _largest(config)) == (6_864_642_048, 50_304 * 4_096)
