@@ -35,8 +35,8 @@ OPEN: dict[str, dict[str, str]] = {
     "03": {
         "Exercise 4": "(nbval) a stored output above prints 1643520, the answer",
     },
-    "09": {
-        "Exercise 2": "the Llama 3 layout table above prints DP 128; the hint states TP × PP × DP = 16,384",
+    "08": {
+        "Exercise 1": "the check computes deepspeed_prediction(stage=3, world=4) in sight: print it and it is the answer",
     },
     "12": {
         "Capstone": "the check computes 8 // dp_size({...}) in sight",
