@@ -65,7 +65,7 @@ def test_each_topic_file_is_short_and_each_entry_states_status_and_code():
         for entry in entries:
             title, _, body = entry.partition("\n")
             head = squash(body.strip().split("\n\n")[0])
-            if not re.match(r"\*\*Status:\*\* (current|superseded|rejected)", head):
+            if not re.match(r"\*\*Status:\*\* (current|superseded|rejected|open)", head):
                 problems.append(f"{title}: no status line")
             code = re.search(r"\*\*Code:\*\* (.*?)\. \*\*First recorded as:\*\*", head)
             if not code:

@@ -113,12 +113,17 @@ CORRECTED = {
     r"peft issue #1514": "a citation not checked against its thread",
     r"data parallelism communicates once per\s+step": "FSDP all-gathers every layer; DDP's bucket all-reduces "
         "overlap backward",
+    # issue 61: torch 2.13's _BucketCapacityConfig (tests/data_parallel/test_ddp_default_buckets.py)
+    r"flat buffers of about `bucket_cap_mb` MiB \(25 by default\)": "with the defaults the first "
+        "iteration uses one bucket; after the rebuild the first bucket is capped at 1 MiB",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
 TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07", "DCP": "06",
          "cp": "04", "ep": "04", "veth": "05",
-         "SDPA": "09", "Float8": "09", "AsyncTP": "09"}
+         "SDPA": "09", "Float8": "09", "AsyncTP": "09",
+         # issue 61: chapter 01 used these before defining them
+         "B/param": "01", "amp": "01", "bf16": "01", "activation checkpointing": "01"}
 
 
 def _markdown(path: Path) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["shard_bounds", "ShardedOptimizer", "ZeRO"]
+__all__ = ["shard_bounds", "ShardedState", "ShardedOptimizer", "ZeRO"]
 
 
 def shard_bounds(numel, rank, world):
@@ -25,16 +25,44 @@ def shard_bounds(numel, rank, world):
     return start, min(start + size, numel)
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
-    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): ``optimizer_cls`` on this rank's shard only."""
+class ShardedState(torch.optim.Optimizer):
+    """What :class:`ShardedOptimizer` needs besides its step: its arguments checked, ``zero_grad``
+    of the inner optimizer too, and a state dict of this rank's shard."""
 
-    def __init__(self, params, optimizer_cls, *, stage=1, **optimizer_kwargs):
+    @staticmethod
+    def check(optimizer_cls, stage):
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 (shard the optimizer states) or 2 (and the "
                              f"gradients), got {stage!r}")
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
                             f"torch.optim.AdamW (not an instance), got {optimizer_cls!r}")
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none)
+        self.inner.zero_grad(set_to_none)
+
+    def state_dict(self):
+        """This rank's shard of the state (each rank saves its own, as DCP does)."""
+        return {"rank": self.rank, "world": self.world, "stage": self.stage,
+                "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state_dict):
+        mine = {"rank": self.rank, "world": self.world, "stage": self.stage}
+        theirs = {key: state_dict.get(key) for key in mine}
+        if theirs != mine:
+            raise ValueError(f"this state dict was saved by {theirs}, not by {mine}: each rank "
+                             "loads the shard it saved, at the same world size and stage")
+        self.inner.load_state_dict(state_dict["inner"])
+        for group, inner in zip(self.param_groups, self.inner.param_groups):
+            group.update({k: v for k, v in inner.items() if k != "params"})
+
+
+class ShardedOptimizer(ShardedState):
+    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): ``optimizer_cls`` on this rank's shard only."""
+
+    def __init__(self, params, optimizer_cls, *, stage=1, **optimizer_kwargs):
+        self.check(optimizer_cls, stage)
         super().__init__(params, optimizer_kwargs)
         self.stage, self.rank, self.world = stage, dist.get_rank(), dist.get_world_size()
         self.flats, inner_groups = [], []
@@ -63,10 +91,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             pieces.append((flat[lo:hi], (lo - start, hi - start)))  # my part of p, maybe empty
             offset += p.numel()
         return flat, pieces
-
-    def zero_grad(self, set_to_none=True):
-        super().zero_grad(set_to_none)
-        self.inner.zero_grad(set_to_none)
 
     def step(self, closure=None):
         """Average the gradients, step my pieces, all-gather the parameters."""
@@ -103,21 +127,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         mine /= self.world
         for (piece, (lo, hi)), has_grad in zip(pieces, got.tolist()):
             piece.grad = mine[lo:hi] if has_grad else None
-
-    def state_dict(self):
-        """This rank's shard of the state (each rank saves its own, as DCP does)."""
-        return {"rank": self.rank, "world": self.world, "stage": self.stage,
-                "inner": self.inner.state_dict()}
-
-    def load_state_dict(self, state_dict):
-        mine = {"rank": self.rank, "world": self.world, "stage": self.stage}
-        theirs = {key: state_dict.get(key) for key in mine}
-        if theirs != mine:
-            raise ValueError(f"this state dict was saved by {theirs}, not by {mine}: each rank "
-                             "loads the shard it saved, at the same world size and stage")
-        self.inner.load_state_dict(state_dict["inner"])
-        for group, inner in zip(self.param_groups, self.inner.param_groups):
-            group.update({k: v for k, v in inner.items() if k != "params"})
 
 
 class ZeRO(ShardedOptimizer):

@@ -1,5 +1,6 @@
-"""Chapter 09's scripts (course_lib/scripts/fsdp_tp.py, hsdp.py) under the real torchrun on 4 CPU
-ranks equal one process; each broken variant, the mistake a learner makes, is seen failing.
+"""Chapter 09's script (course_lib/scripts/mesh_2d.py: FSDP2 × TP, then HSDP) under the real
+torchrun on 4 CPU ranks equals one process; each broken variant, the mistake a learner makes, is
+seen failing.
 
 Run through ``%%torchrun``'s own function, ``script_magic.run_script`` (tolerance 1e-4: float32
 sums in another order). A broken variant must differ from one process by more than 10× that at
@@ -14,12 +15,13 @@ import pytest
 from course_lib.launcher.script_magic import run_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "course_lib" / "scripts"
-STEPS = 8  # tiny.STEPS
+STEPS = 16  # tiny.STEPS for each of the two layouts
 
 BROKEN = [
-    ("fsdp_tp.py", "the sampler splits the data over all 4 ranks: a TP pair reads two batches",
-     'num_replicas=mesh["dp"].size(), rank=mesh["dp"].get_local_rank(),', ""),
-    ("hsdp.py", "each rank seeds its own model: fully_shard broadcasts nothing",
+    ("mesh_2d.py", "the data split over all 4 ranks: a TP pair reads two batches",
+     'train(model, mesh["dp"].get_local_rank(), mesh["dp"].size(), step=0)',
+     "train(model, rank, world, step=0)"),
+    ("mesh_2d.py", "each rank seeds its own HSDP model: fully_shard broadcasts nothing",
      "model = tiny.model().to(device)", "model = tiny.model(seed=rank).to(device)"),
 ]
 
@@ -35,7 +37,7 @@ def _run(runs: dict, name: str):
     return runs[name]
 
 
-@pytest.mark.parametrize("name", ["fsdp_tp.py", "hsdp.py"])
+@pytest.mark.parametrize("name", ["mesh_2d.py"])
 def test_four_ranks_on_a_2d_mesh_equal_one_process(runs, name):
     run = _run(runs, name)
     assert len(run.losses) == len(run.reference_losses) == STEPS, run.output
@@ -44,7 +46,7 @@ def test_four_ranks_on_a_2d_mesh_equal_one_process(runs, name):
     assert run.losses[-1] < run.losses[0] - 1.0  # it trained
 
 
-@pytest.mark.parametrize("name,mistake,old,new", BROKEN, ids=[b[0] for b in BROKEN])
+@pytest.mark.parametrize("name,mistake,old,new", BROKEN, ids=["tp_pair_data", "hsdp_seeds"])
 def test_a_broken_variant_differs(runs, name, mistake, old, new):
     text = (SCRIPTS / name).read_text()
     assert text.count(old) == 1, f"{name} no longer contains {old!r}: update the variant"
