@@ -30,7 +30,8 @@ OPEN: dict[str, dict[str, str]] = {
         "Exercise 2": "(nbval) a stored output above prints 1,095,796, the answer",
     },
     "02": {
-        "Exercise 4": "(nbval) a stored output above prints 5,251,584 B, the answer",
+        "Exercise 3": "(nbval) found as Exercise 4 (5,251,584 B printed above) before 02 was renumbered; "
+                      "the static check no longer sees that number above it: run 02 under nbval, then delete",
     },
     "03": {
         "Exercise 4": "(nbval) a stored output above prints 1643520, the answer",
