@@ -34,7 +34,7 @@ OPEN: dict[str, dict[str, str]] = {
                       "the static check no longer sees that number above it: run 02 under nbval, then delete",
     },
     "03": {
-        "Exercise 4": "(nbval) a stored output above prints 1643520, the answer",
+        "Exercise 3": "(nbval) a stored output above prints 1643520, the answer (was Exercise 4)",
     },
     "08": {
         "Exercise 1": "the check computes deepspeed_prediction(stage=3, world=4) in sight: print it and it is the answer",
