@@ -42,7 +42,6 @@ DEPRECATED = [
         "predict_rank", "rank_prediction", "rank_work", "step_time", "slowest", "slowest_step",
         "predict_peak", "root_bytes", "comm_per_step", "collective_seconds", "predict_step_time",
         "ddp_buckets")],
-    ("", "plan", "plan_finetuning"),
     ("", "train_rank", "train_rank_sharded"),
     ("", "wrap", "course_lib.sharding.strategies.wrap"),
 ]
