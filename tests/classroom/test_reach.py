@@ -34,8 +34,9 @@ def _venv(where) -> str:
     python = os.path.join(where, "bin", "python")
     own = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
                          check=True, capture_output=True, text=True).stdout.strip()
-    with open(os.path.join(own, "course-deps.pth"), "w") as f:
-        f.write("\n".join(site.getsitepackages()) + "\n")
+    with open(os.path.join(own, "course-deps.pth"), "w") as f:   # (also what .pth files added)
+        f.write("\n".join(p for p in dict.fromkeys([*site.getsitepackages(), *sys.path])
+                          if p and os.path.isdir(p)) + "\n")
     return python
 
 
