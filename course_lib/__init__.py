@@ -95,8 +95,10 @@ _MODULES = {"devices": "launcher.devices", "progress": "launcher.progress",
             "zero": "sharding.formulas"}
 
 # old public names -> their new ones (issue 51): still served, with a DeprecationWarning; a
-# dotted one left the list (no notebook uses it) and is imported from its module
-_RENAMED = {"plan": "plan_finetuning", "train_rank": "train_rank_sharded",
+# dotted one left the list (no notebook uses it) and is imported from its module. ``plan`` (now
+# ``plan_finetuning``) was served one release and retired: ``course_lib.plan`` is the planner
+# package of issue 58
+_RENAMED = {"train_rank": "train_rank_sharded",
             "wrap": "sharding.strategies.wrap"}
 
 __all__ = sorted([*_EXPORTS, *_MODULES])

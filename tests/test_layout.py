@@ -16,7 +16,7 @@ MAX_LINES = 300
 TOP_MODULES = {"__init__.py", "exercises.py", "display.py"}
 BOTTOM = ["launcher", "common", "exercises", "display"]  # any chapter may import these
 CHAPTERS = ["memory", "data_parallel", "sharding", "tensor_parallel", "pipeline_parallel",
-            "communication", "fault_tolerance", "finetuning", "deepspeed",
+            "communication", "fault_tolerance", "plan", "finetuning", "deepspeed",
             "composition", "debugging", "communicating_less", "capstone"]
 PRESENTATION = {"show", "plots", "widgets", "progress"}
 GUI = ("matplotlib", "ipywidgets")

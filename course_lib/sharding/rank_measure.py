@@ -31,7 +31,7 @@ from course_lib.memory.tracker import GlobalMemTracker, tracked_steps
 from course_lib.sharding.comm_counter import CommCounter
 from course_lib.sharding.strategies import Wrapped, train_step, validate_strategy, wrap
 
-__all__ = ["measure_rank", "validate_request"]
+__all__ = ["measure_rank", "validate_request", "FSDPTracker"]
 
 _MODEL_STATE = ("params", "unsharded_params", "buffers", "grads", "unsharded_grads", "optimizer")
 
@@ -135,8 +135,9 @@ def _last_step_calls(calls: list, iterations: int) -> dict:
             "volume": counter.volume()}
 
 
-class _FSDPTracker(GlobalMemTracker, FSDPMemTracker):
-    """``FSDPMemTracker`` keeping only global peaks (per-module peaks made a fake 7B step ~5x slower)."""
+class FSDPTracker(GlobalMemTracker, FSDPMemTracker):
+    """``FSDPMemTracker`` keeping only global peaks (per-module peaks made a fake 7B step ~5x slower;
+    the planner of chapter 07 tracks its fake steps with it too)."""
 
 
 def _tracked(wrapped: Wrapped, batch, iterations: int, comm: CommCounter) -> MemoryReport:
@@ -153,7 +154,7 @@ def _tracked(wrapped: Wrapped, batch, iterations: int, comm: CommCounter) -> Mem
         tracker = GlobalMemTracker()
         tracker.track_external(wrapped.model, wrapped.optimizer, inputs, targets)
     else:
-        tracker = _FSDPTracker(wrapped.model, wrapped.optimizer)
+        tracker = FSDPTracker(wrapped.model, wrapped.optimizer)
         tracker.track_inputs((inputs, targets))
     with comm:  # outside the tracker's mode: counts what the tracked steps send
         report = tracked_steps(wrapped.model, wrapped.optimizer, batch, loss_fn=wrapped.loss_fn,

@@ -135,7 +135,7 @@ def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
     assert not job["exercises"][k]["replay"] and "__course_record" not in job["answers"][k]["code"]
     assert all(x["replay"] for j, x in enumerate(job["exercises"]) if j != k)
     entry = {"inside": {"passed": [True], "messages": ["[DDP by hand] PASS: ..."], "error": None}}
-    passed, lines = _exercise_verdict(entry, None, False, 60, 10 ** 6)
+    passed, lines, _details = _exercise_verdict(entry, None, False, 60, 10 ** 6)
     assert passed and "checked inside your sandbox" in lines[-1] and "not counted" in lines[-1]
 
 

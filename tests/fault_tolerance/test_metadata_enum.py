@@ -60,30 +60,33 @@ def test_a_member_loads_by_value_and_by_name():
     assert _load(by_value) is _load(by_name) is _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST
 
 
-class _ByName(pickle.Pickler):
-    """A pickler that writes every Enum member as Python 3.11.2 does: ``getattr(cls, name)``."""
+def _pickled(obj, member) -> bytes:
+    """``obj`` pickled (protocol 4) with every Enum member written as ``member(it)`` returns."""
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, o):
+            return member(o) if isinstance(o, enum.Enum) else NotImplemented
 
-    def reducer_override(self, obj):
-        if isinstance(obj, enum.Enum):
-            return getattr, (type(obj), obj.name)
-        return NotImplemented
+    buf = io.BytesIO()
+    Pickler(buf, protocol=4).dump(obj)
+    return buf.getvalue()
 
 
 def _by_name(obj, attr=None) -> bytes:
-    buf = io.BytesIO()
-    pickler = _ByName(buf, protocol=4)
-    if attr is not None:  # an attacker's variant: another attribute of the same class
-        pickler.reducer_override = lambda o: ((getattr, (type(o), attr))
-                                              if isinstance(o, enum.Enum) else NotImplemented)
-    pickler.dump(obj)
-    return buf.getvalue()
+    """As Python 3.11.2 writes an Enum member: ``getattr(cls, name)`` (``attr``: an attacker's
+    other attribute of the same class)."""
+    return _pickled(obj, lambda o: (getattr, (type(o), attr or o.name)))
+
+
+def _by_value(obj) -> bytes:
+    """As Python 3.11.7, 3.10, 3.12, 3.13 write an Enum member: ``cls(value)``."""
+    return _pickled(obj, lambda o: (type(o), (o.value,)))
 
 
 def test_real_metadata_loads_in_both_forms(saved_ckpt):
     metadata = pickle.loads((saved_ckpt / ".metadata").read_bytes())  # our own file
-    by_name = _by_name(metadata)
-    assert b"getattr" in by_name and b"getattr" not in pickle.dumps(metadata, protocol=4)
-    for data in (pickle.dumps(metadata, protocol=4), by_name):
+    by_name, by_value = _by_name(metadata), _by_value(metadata)
+    assert b"getattr" in by_name and b"getattr" not in by_value  # whichever Python runs this
+    for data in (by_value, by_name):
         loaded = validate_metadata(_load(data))
         props = [item.properties for item in loaded.state_dict_metadata.values()
                  if hasattr(item, "properties")]

@@ -1,0 +1,96 @@
+"""The planner: configs refused by field, the enumeration, block scaling against a full build,
+and torchtitan's published Llama 3.1 8B run on 8 H100."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from course_lib.common.published import published
+from course_lib.plan.__main__ import main
+from course_lib.plan.layouts import Candidate, enumerate_layouts
+from course_lib.plan.models import STORED, ConfigError, load_config, model_spec
+from course_lib.plan.planner import measure_layout, plan
+
+#: a Llama with the real one's structure (GQA, SwiGLU, RoPE), small enough for a test
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 1024, "tie_word_embeddings": False}
+
+
+def test_the_stored_configs_read_with_their_published_shapes():
+    assert set(STORED) == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b-v0.1",
+                           "mixtral-8x7b-v0.1", "qwen2.5-7b-instruct"}
+    spec = model_spec(load_config("llama-3.1-70b"))
+    assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn, spec.vocab) == \
+        (80, 8192, 64, 8, 28672, 128256)
+    moe = model_spec(load_config("mixtral-8x7b-v0.1"))
+    assert moe.moe and (moe.experts, moe.top_k) == (8, 2)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"hidden_size": 0}, "'hidden_size'"),
+    ({"num_hidden_layers": "32"}, "'num_hidden_layers'"),
+    ({"num_key_value_heads": 3}, "'num_key_value_heads'"),
+    ({"model_type": "not-a-model"}, "'model_type'"),
+    ({"auto_map": {"AutoConfig": "x.Config"}}, "'auto_map'"),
+])
+def test_a_config_it_cannot_build_is_refused_naming_the_field(change, field, tmp_path, capsys):
+    bad = {**TINY, **change}
+    with pytest.raises(ConfigError, match=field):
+        model_spec(load_config(bad))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(bad))
+    assert main([str(path), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err and err.strip().count("\n") == 0
+
+
+def test_a_bad_request_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        plan(TINY, gpus=12, gpus_per_node=8)
+    with pytest.raises(ValueError, match="efficiency"):
+        plan(TINY, gpus=8, efficiency=1.5)
+
+
+def test_every_layout_uses_every_gpu_and_respects_the_model():
+    spec = model_spec(load_config("mixtral-8x7b-v0.1"))
+    layouts = enumerate_layouts(16, 8, spec, global_batch=16, seq_len=8192)
+    assert layouts and all(c.world == 16 for c in layouts)
+    assert all(c.tp <= 8 and spec.kv_heads % c.tp == 0 and 16 % (c.dp) == 0 for c in layouts)
+    assert all(spec.experts // c.ep >= spec.top_k and c.fsdp % c.ep == 0 for c in layouts)
+    assert {c.ep for c in layouts} == {1, 2, 4}
+    assert any(c.dp_replicate > 1 for c in layouts) and any(c.pp > 1 for c in layouts)
+
+
+#: a Llama 1024 wide: fake tensors cost nothing, and activations then dominate as at scale
+SMALL = {**TINY, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "vocab_size": 8192, "num_hidden_layers": 5}
+
+
+@pytest.mark.parametrize("layout", [Candidate(dp_shard=4, ac="selective"), Candidate(dp_shard=4)])
+def test_measuring_two_depths_and_scaling_matches_the_full_build(layout):
+    config = load_config(SMALL)
+    spec = model_spec(config)
+    scaled, _, runs = measure_layout(config, layout, spec, global_batch=8, seq_len=1024)
+    full, _, full_runs = measure_layout(config, layout, spec, global_batch=8, seq_len=1024, depth=5)
+    assert (runs, full_runs) == (2, 1)
+    # selective checkpointing's backward peak is not on a straight line in depth at this size
+    # (+14 % at 8 blocks; 0.0 % for Llama 3.1 8B at 32). FSDP × TP with full checkpointing is
+    # not tested here: −21 % at 6 blocks (docs/modules/plan.md)
+    assert scaled.peak == pytest.approx(full.peak, rel=0.15 if layout.ac == "selective" else 0.02)
+    assert scaled.flops == pytest.approx(full.flops, rel=0.01)
+    assert sum(b for b, _ in scaled.comm.values()) == pytest.approx(
+        sum(b for b, _ in full.comm.values()), rel=0.01)
+
+
+def test_torchtitan_llama_8b_on_8_h100_fits_within_15_percent_of_its_memory(capsys):
+    ref = next(e for e in published("07") if e["id"] == "torchtitan-llama31-8b-fsdp")
+    p = plan("llama-3.1-8b", gpus=8, cluster="h100-96gb", global_batch=16, seq_len=8192,
+             layouts=[Candidate(dp_shard=8, ac="selective")])
+    row = p.rows[0]
+    assert row.layout.ac == "selective" and row.fits
+    assert row.need_gib == pytest.approx(ref["memory_gib"], rel=0.15)
+    from course_lib.plan.show import compare_published
+    print(compare_published(row, ref), f"(efficiency {p.assumptions['compute']})")
+    assert "5,762" in capsys.readouterr().out
