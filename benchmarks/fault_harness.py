@@ -1,6 +1,6 @@
 """Fault-injection harness for chapter 6: kill ranks at random, check that nothing is lost.
 
-Each trial runs ``course_lib/scripts/train_ft.py`` under ``torchrun --max-restarts=K`` with a
+Each trial runs ``course_lib/fault_tolerance/train_ft.py`` under ``torchrun --max-restarts=K`` with a
 random plan of K faults, one per attempt, at strictly increasing steps on random ranks:
 
 * ``kill``     — the rank SIGKILLs itself before a step (env var ``COURSE_FT_FAULTS``);
@@ -37,7 +37,7 @@ from course_lib import TorchrunError, run, torchrun
 from course_lib.fault_tolerance.checkpoint import latest_checkpoint
 from course_lib.fault_tolerance.training import FAULTS_ENV, Fault, format_faults, train
 
-SCRIPT = "course_lib.scripts.train_ft"
+SCRIPT = "course_lib.fault_tolerance.train_ft"
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The same script on a cluster: a Slurm ``sbatch`` script and a Kubeflow Trainer ``TrainJob``
-that run ``course_lib/scripts/train_gpt.py`` unchanged, one torchrun agent per node, meeting at
+that run ``course_lib/capstone/train_gpt.py`` unchanged, one torchrun agent per node, meeting at
 a c10d rendezvous on the first node.
 
 Both embed :func:`course_lib.cluster_command`'s line (with its comment: the rendezvous store
@@ -21,7 +21,7 @@ from course_lib.launcher.torchrun import cluster_command
 
 __all__ = ["SCRIPT", "GPU_NOTE", "script_args", "slurm_script", "trainjob_manifest"]
 
-SCRIPT = "course_lib/scripts/train_gpt.py"  # relative to the repository, on every node
+SCRIPT = "course_lib/capstone/train_gpt.py"  # relative to the repository, on every node
 GPU_NOTE = ("# train_gpt.py --device auto (its default): each rank trains on GPU $LOCAL_RANK and "
             "joins with NCCL;\n# on a node where torch sees no GPU it falls back to CPU + gloo")
 

@@ -2,7 +2,7 @@
 checkpoints that resume (and reshard), faults on purpose, the peak of one step.
 
 :func:`train_rank_capstone` runs unchanged inside :func:`course_lib.run` (``train_gpt``, the notebook's
-face) and in ``course_lib/scripts/train_gpt.py`` under torchrun. The model comes from chapter
+face) and in ``course_lib/capstone/train_gpt.py`` under torchrun. The model comes from chapter
 09's builders (``build_2d``: DDP, FSDP2, TP, FSDP2 × TP; ``build_pp``: two stages), the data
 order from :class:`~course_lib.capstone.data.DataOrder`, checkpoints from chapter 06's protocol
 (DCP shards, a commit marker last; data position and loss history in the manifest). The loss

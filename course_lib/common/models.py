@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from course_lib.common.checks import is_int, positive_int
 
 __all__ = ["GPTConfig", "GPT", "MLP", "PRESETS", "get_config", "param_count", "mlp_param_count",
-           "RECOMPUTE"]
+           "RECOMPUTE", "qkv_rows", "Stage"]
 
 _ATTENTION = ("sdpa", "explicit")
 #: Activation recomputation modes of :meth:`GPT.set_recompute`.
@@ -202,6 +202,52 @@ class GPT(nn.Module):
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy over all positions (logits flattened, upcast to fp32)."""
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def qkv_rows(config: GPTConfig, rank: int, t: int) -> torch.Tensor:
+    """Row indices of ``attn.qkv.weight`` that tensor-parallel rank ``rank`` of ``t`` keeps: q, k,
+    v of its heads (chapter 4's split; here, beside the layout it reads, for ``scripts/tiny.py`` too).
+
+    The dense layout is ``[q (h rows) | k (h) | v (h)]``, heads contiguous inside each. Rank r
+    takes the rows of heads ``r·a/t … (r+1)·a/t`` from each of the three, in that order.
+    """
+    h, per = config.d_model, config.d_model // t
+    return torch.cat([torch.arange(part * h + rank * per, part * h + (rank + 1) * per)
+                      for part in range(3)])
+
+
+class Stage(nn.Module):
+    """Stage ``index`` of ``p``: blocks ``[index·n/p, (index+1)·n/p)`` of ``model`` (shared, not copied).
+
+    This is the model-code change pipeline parallelism needs: ``GPT.forward`` runs embeddings,
+    all blocks and the head in one process; a stage runs only its part, and what it gets and
+    returns depends on where it sits (token ids in, logits out, or activations in between).
+    Chapter 4 teaches it; it lives beside the GPT so that ``scripts/pipeline.py`` needs no chapter.
+    """
+
+    def __init__(self, model: GPT, index: int, p: int) -> None:
+        super().__init__()
+        per = model.config.n_layer // p
+        self.first, self.last, self.offset = index == 0, index == p - 1, index * per
+        self.blocks = nn.ModuleList(model.blocks[self.offset:self.offset + per])
+        if self.first:
+            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
+        if self.last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:                       # x: token ids (b, s)
+            x = self.tok_emb(x) + self.pos_emb(torch.arange(x.size(1), device=x.device))
+        for block in self.blocks:            # x: activations (b, s, h)
+            x = block(x)
+        return self.lm_head(self.ln_f(x)) if self.last else x
+
+    def global_name(self, name: str) -> str:
+        """The name this parameter has in the unsplit :class:`GPT` (``blocks.j`` → ``blocks.offset+j``)."""
+        if name.startswith("blocks."):
+            _, j, rest = name.split(".", 2)
+            return f"blocks.{self.offset + int(j)}.{rest}"
+        return name
 
 
 class MLP(nn.Sequential):

@@ -1,6 +1,6 @@
 """Beyond one machine: two torchrun agents as two "nodes", on loopback or behind a slow link.
 
-Chapter 5 runs :mod:`course_lib.scripts.train_ddp` — a script that runs unchanged under one
+Chapter 5 runs :mod:`course_lib.communication.train_ddp` — a script that runs unchanged under one
 process or torchrun — the way a cluster does: one torchrun agent per node, ``--nnodes 2
 --node-rank 0/1``, meeting at a c10d rendezvous on node 0. Here both "nodes" are on this
 machine, on the loopback of a private network namespace (127.0.0.1, a free port; where the
@@ -34,7 +34,7 @@ __all__ = ["SCRIPT", "NodesResult", "free_port", "two_node_commands", "run_two_n
            "reference_params", "netns_available", "two_namespaces"]
 
 #: The chapter's worker script (runs as ``python SCRIPT`` or under torchrun).
-SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_ddp.py")
+SCRIPT = str(Path(__file__).parent / "train_ddp.py")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The course GPT trains from a DeepSpeed config (``{"zero_optimization": {"stage": k}, ...}``)
 through ``deepspeed.initialize`` inside ranks of :func:`course_lib.run` (or
-``course_lib/scripts/train_deepspeed.py`` under torchrun or ``deepspeed``), checked against
+``course_lib/deepspeed/train_deepspeed.py`` under torchrun or ``deepspeed``), checked against
 torch's DDP on the same data. :func:`deepspeed_config` is the learner's ``ds_config.json``;
 :func:`deepspeed_status` / :func:`load_deepspeed` say whether DeepSpeed runs here (if not,
 :func:`run_zero_stages` uses chapter 3's torch classes); :func:`train_rank_deepspeed` /

@@ -1,7 +1,7 @@
 """Chapter 6's training loop: an FSDP2 GPT that checkpoints, resumes, and fails on purpose.
 
 :func:`train` runs unchanged inside :func:`course_lib.run` (cells, tests) and in
-``course_lib/scripts/train_ft.py`` under ``torchrun --max-restarts``. It builds the course GPT
+``course_lib/fault_tolerance/train_ft.py`` under ``torchrun --max-restarts``. It builds the course GPT
 from a seed, shards each block and the root with ``fully_shard``, trains with Adam on
 :func:`course_lib.common.data.get_batch` batches (a pure function of ``(seed, step, rank)``, so
 the data position is just the step), resumes from the newest checkpoint in ``ckpt_dir`` that

@@ -3,13 +3,13 @@
 ``%load_ext course_lib`` loads it. The cell's text becomes ``NAME.py`` in a private temp folder
 (the working folder, removed afterwards: never the learner's folders), run under
 :func:`course_lib.torchrun` on ``NPROC`` CPU ranks (output streamed) and, meanwhile (in a
-learner's pod: after it, issue 50), as one plain process. Both print ``step N loss X``
-(``course_lib/scripts/tiny.py``); one line sets the final losses side by side and says whether
-they agree within ``TOLERANCE``, without printing it (1e-4: float32 sums in another order;
-``TOLERANCE_BF16`` = 2e-3 for a bfloat16 policy; why: docs/decisions/scripts.md, "Why %%torchrun
-compares the losses within 1e-4 (2e-3 for bfloat16)"). Options after the name: ``--no-reference``,
-``--timeout S``, ``-- ARGS``. :func:`run_script` is the same without IPython, and returns the
-:class:`ScriptRun`.
+learner's pod: after it, issue 50), as one plain process; ``course_lib/scripts/`` is on their
+path, for the cell's ``import tiny``. Both print ``step N loss X`` (``tiny.log``); one line sets
+the final losses side by side and says whether they agree within ``TOLERANCE``, without
+printing it (1e-4: float32 sums in another order; ``TOLERANCE_BF16`` = 2e-3 for a bfloat16
+policy; why: docs/decisions/scripts.md, "Why %%torchrun compares the losses within 1e-4 (2e-3
+for bfloat16)"). Options after the name: ``--no-reference``, ``--timeout S``, ``-- ARGS``.
+:func:`run_script` is the same without IPython, and returns the :class:`ScriptRun`.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ TOLERANCE_BF16 = 2e-3
 _LOSS = re.compile(r"^(?:\[rank (\d+)\] )?step (\d+) loss (\S+)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.py$")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding course_lib
+_ROOM = str(Path(__file__).resolve().parents[1] / "scripts")  # tiny.py: the scripts' `import tiny`
 
 
 @dataclass
@@ -112,7 +113,7 @@ def run_script(text: str, nprocs: int, name: str = "script.py", *, reference: bo
     devices.validate_timeout(timeout)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"the script's name must be a plain file name ending in .py, got {name!r}")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOM, _ROOT, os.environ.get("PYTHONPATH")) if p)}
     alone = None
     # the job's working folder (0700, private to this user): what it writes stays in it
     with tempfile.TemporaryDirectory(prefix="course_lib_script_", ignore_cleanup_errors=True) \

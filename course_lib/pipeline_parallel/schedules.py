@@ -17,11 +17,10 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from course_lib.common.checks import positive_int
 from course_lib.common.deprecation import renamed
-from course_lib.common.models import GPT, GPTConfig
+from course_lib.common.models import GPT, GPTConfig, Stage  # Stage: re-exported
 
 __all__ = ["Stage", "validate_pipeline", "schedule_ops", "SCHEDULES", "StageSteps",
            "run_schedule", "lay_out"]
@@ -44,39 +43,6 @@ def validate_pipeline(config: GPTConfig, p: int, m: int, batch: int | None = Non
 
 
 __getattr__ = renamed(__name__, {"check_pipeline": "validate_pipeline"})  # before issue 32
-
-
-class Stage(nn.Module):
-    """Stage ``index`` of ``p``: blocks ``[index·n/p, (index+1)·n/p)`` of ``model`` (shared, not copied).
-
-    This is the model-code change pipeline parallelism needs: ``GPT.forward`` runs embeddings,
-    all blocks and the head in one process; a stage runs only its part, and what it gets and
-    returns depends on where it sits (token ids in, logits out, or activations in between).
-    """
-
-    def __init__(self, model: GPT, index: int, p: int) -> None:
-        super().__init__()
-        per = model.config.n_layer // p
-        self.first, self.last, self.offset = index == 0, index == p - 1, index * per
-        self.blocks = nn.ModuleList(model.blocks[self.offset:self.offset + per])
-        if self.first:
-            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
-        if self.last:
-            self.ln_f, self.lm_head = model.ln_f, model.lm_head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:                       # x: token ids (b, s)
-            x = self.tok_emb(x) + self.pos_emb(torch.arange(x.size(1), device=x.device))
-        for block in self.blocks:            # x: activations (b, s, h)
-            x = block(x)
-        return self.lm_head(self.ln_f(x)) if self.last else x
-
-    def global_name(self, name: str) -> str:
-        """The name this parameter has in the unsplit :class:`GPT` (``blocks.j`` → ``blocks.offset+j``)."""
-        if name.startswith("blocks."):
-            _, j, rest = name.split(".", 2)
-            return f"blocks.{self.offset + int(j)}.{rest}"
-        return name
 
 
 def schedule_ops(schedule: str, p: int, m: int, rank: int) -> list[tuple[str, int]]:

@@ -3,9 +3,10 @@
     torchrun --standalone --nproc-per-node=2 course_lib/scripts/checkpoint.py [DIR]   # 2 ranks
     python course_lib/scripts/checkpoint.py [DIR]                                     # one process
 
-Trains FSDP2 for half the steps, saves into DIR (default ``checkpoint``), then loads it into a
-freshly built model and optimizer, as a restarted job would, and trains on: the losses go on
-exactly as an uninterrupted run's (compare with ``fsdp.py`` without its bf16 policy).
+Trains FSDP2 for half the steps, saves into DIR (default ``outputs/checkpoint`` in the current
+folder, which the course's git ignores; an earlier run's checkpoint there is overwritten), then
+loads it into a freshly built model and optimizer, as a restarted job would, and trains on: the
+losses go on exactly as an uninterrupted run's (compare with ``fsdp.py`` without its bf16 policy).
 """
 import os
 import sys
@@ -16,12 +17,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from course_lib.scripts import tiny
+import tiny  # the model and data, the file beside this one
 
 device = tiny.device()  # cuda:LOCAL_RANK with a GPU, else the CPU
 dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **tiny.alone())
 rank, world = dist.get_rank(), dist.get_world_size()
-folder = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "checkpoint")
+folder = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "outputs/checkpoint")
 
 
 def build(seed):
@@ -53,3 +54,7 @@ for step in range(tiny.STEPS):
         tiny.log(step, mean.item())
 
 dist.destroy_process_group()
+# On the CPU, gloo's threads can abort Python's own shutdown after every line ran ("terminate
+# called without an active exception"), which torchrun reports as a failed rank: end here instead.
+sys.stdout.flush()
+os._exit(0)

@@ -1,10 +1,12 @@
-"""The small model and data that every strategy script here trains (ddp.py, fsdp.py, ...).
+"""The small model and data that every script here trains (ddp.py, fsdp.py, ...).
 
 The course GPT's ``"tiny"`` preset (2 blocks, ~0.1 M parameters) on the course corpus, as byte
-tokens: the first ``WINDOWS`` non-overlapping windows of the training split, so that a run of
-``STEPS`` steps at ``GLOBAL_BATCH`` windows a step crosses an epoch boundary (what
-``DistributedSampler.set_epoch`` is for). Every script prints ``step N loss X`` with :func:`log`,
-the line ``course_lib.launcher.script_magic`` reads.
+tokens: its first ``WINDOWS`` non-overlapping windows, so that a run of ``STEPS`` steps at
+``GLOBAL_BATCH`` windows a step crosses an epoch boundary (what ``DistributedSampler.set_epoch``
+is for). Every script prints ``step N loss X`` with :func:`log`, the line the notebooks'
+``%%torchrun`` cells read. The scripts import this file as ``tiny`` (it sits beside them); it
+needs only ``course_lib.common`` (the model, its pipeline :class:`Stage`, the corpus), so a copy
+of this folder runs wherever ``course_lib`` is importable.
 """
 from __future__ import annotations
 
@@ -12,14 +14,13 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import TensorDataset
 
-from course_lib.capstone.data import Windows, split_corpus
-from course_lib.common.models import GPT, PRESETS
-from course_lib.launcher.torchrun import exit_without_finalizing
-from course_lib.tensor_parallel.layers import qkv_rows
+from course_lib.common.data import corpus_tokens
+from course_lib.common.models import GPT, PRESETS, Stage, qkv_rows
 
 __all__ = ["CONFIG", "GLOBAL_BATCH", "STEPS", "LR", "WINDOWS", "dataset", "model", "batch",
-           "device", "alone", "log", "group_heads"]
+           "device", "alone", "log", "group_heads", "GPT", "Stage"]
 
 CONFIG = PRESETS["tiny"]
 GLOBAL_BATCH = 16        # windows per optimizer step, summed over the data-parallel ranks
@@ -28,18 +29,18 @@ STEPS = 8                # two epochs
 LR = 1e-2
 
 
-def dataset() -> Windows:
-    """The first ``WINDOWS`` windows of ``CONFIG.seq_len`` bytes of the corpus's training split."""
-    train, _ = split_corpus()
-    return Windows(train[:WINDOWS * CONFIG.seq_len + 1], CONFIG.seq_len)
+def dataset() -> TensorDataset:
+    """The first ``WINDOWS`` windows of ``CONFIG.seq_len`` bytes of the corpus: window i's
+    inputs and its targets, the same bytes shifted by one."""
+    tokens = corpus_tokens()[:WINDOWS * CONFIG.seq_len + 1].long()
+    return TensorDataset(tokens[:-1].view(WINDOWS, -1), tokens[1:].view(WINDOWS, -1))
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Global batch number ``step`` (inputs, targets), the same on every rank: for TP and PP."""
-    data = dataset()
-    first = (step * GLOBAL_BATCH) % len(data)
-    rows = [data[i] for i in range(first, first + GLOBAL_BATCH)]
-    return torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
+    inputs, targets = dataset().tensors
+    first = (step * GLOBAL_BATCH) % WINDOWS
+    return inputs[first:first + GLOBAL_BATCH], targets[first:first + GLOBAL_BATCH]
 
 
 def model(seed: int = 0) -> GPT:
@@ -63,12 +64,7 @@ def alone() -> dict:
 
     Under torchrun (``RANK`` is set) none: it reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
     and ``MASTER_PORT`` from the environment. Alone, an in-memory store: no port is opened.
-    Either way the process then ends without interpreter shutdown once the script is done (exit
-    code 0, or 1 after an uncaught exception): on the CPU, gloo's threads abort an ordinary
-    shutdown now and then ("terminate called without an active exception", SIGABRT, after every
-    line was printed), which torchrun reports as a failed rank (2 of 15 launches in one CI-like run).
     """
-    exit_without_finalizing()
     if "RANK" in os.environ:
         return {}
     return {"store": dist.HashStore(), "rank": 0, "world_size": 1}

@@ -22,7 +22,7 @@ from torch import nn
 
 from course_lib.common.checks import positive_int
 from course_lib.common.deprecation import renamed
-from course_lib.common.models import Block, GPT, GPTConfig
+from course_lib.common.models import Block, GPT, GPTConfig, qkv_rows  # qkv_rows: re-exported
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "TPAttention", "TPMLP", "TPBlock", "tp_gpt",
            "tp_plan", "validate_tp_degree", "qkv_rows", "dtensor_block",
@@ -77,17 +77,6 @@ def validate_tp_degree(config: GPTConfig, t: int) -> None:
 
 
 __getattr__ = renamed(__name__, {"check_tp_degree": "validate_tp_degree"})  # before issue 32
-
-
-def qkv_rows(config: GPTConfig, rank: int, t: int) -> torch.Tensor:
-    """Row indices of ``attn.qkv.weight`` that rank ``rank`` keeps: q, k, v of its heads.
-
-    The dense layout is ``[q (h rows) | k (h) | v (h)]``, heads contiguous inside each. Rank r
-    takes the rows of heads ``r·a/t … (r+1)·a/t`` from each of the three, in that order.
-    """
-    h, per = config.d_model, config.d_model // t
-    return torch.cat([torch.arange(part * h + rank * per, part * h + (rank + 1) * per)
-                      for part in range(3)])
 
 
 def _slice_linear(dense: nn.Linear, rows: torch.Tensor | None = None, cols: slice | None = None,

@@ -23,7 +23,7 @@ def test_killed_rank_resumes_to_the_same_weights_bit_for_bit(uninterrupted, tmp_
     out = tmp_path / "final.pt"
     args = ["--preset", "tiny", "--steps", STEPS, "--lr", 3e-3, "--eval-every", 4,
             "--layout", "dp_shard=2", "--every", 4, "--ckpt-dir", tmp_path / "ckpt", "--out", out]
-    result = torchrun("course_lib.scripts.train_gpt", 2, args, max_restarts=1, module=True,
+    result = torchrun("course_lib.capstone.train_gpt", 2, args, max_restarts=1, module=True,
                       env={FAULTS_ENV: "0:1:6:kill"}, timeout=300, quiet=True)
     assert "attempt 1: layout {'dp_shard': 2}, resumed from step 4" in result.output
     saved = torch.load(out, weights_only=True)
@@ -49,8 +49,8 @@ def test_a_checkpoint_of_another_tp_degree_is_refused(tmp_path):
 
 
 def test_the_script_reads_its_toml_config_and_refuses_unknown_keys(tmp_path):
-    from course_lib.scripts.train_gpt import parse_args
-    shipped = parse_args(["--config", "course_lib/scripts/train_gpt.toml", "--steps", "3"])
+    from course_lib.capstone.train_gpt import parse_args
+    shipped = parse_args(["--config", "course_lib/capstone/train_gpt.toml", "--steps", "3"])
     assert shipped["layout"] == {"dp_shard": 2, "tp": 2} and shipped["steps"] == 3
     assert parse_args(["--layout", ""])["layout"] == {}
     bad = tmp_path / "bad.toml"

@@ -215,7 +215,7 @@ def test_bad_input_fails_before_any_process(kwargs, message, monkeypatch):
 def test_device_choice_and_a_missing_gpu_fail_before_any_process(monkeypatch):
     import course_lib.capstone.measure as measure
     from course_lib.launcher.devices import place
-    from course_lib.scripts import train_gpt as script
+    from course_lib.capstone import train_gpt as script
     chosen = {(r, g, pp): (p.device, p.backend) for r in ("auto", "cpu", "cuda") for g in (0, 1)
               for pp in (False, True) if not ((r == "cuda" and not g) or (r == "cuda" and pp))
               for p in [place(1, None, r, pipeline=pp, gpus=g)]}

@@ -141,7 +141,7 @@ def test_distributed_sampler_shards():
 
 
 def test_script_runs_on_real_ranks():
-    from course_lib.scripts.train_dp import main
+    from course_lib.data_parallel.train_dp import main
     diffs = run(main, 2, ["--mode", "hand", "--steps", "2"])
     assert diffs[0] <= TOLERANCE["atol"]
 

@@ -90,7 +90,7 @@ def test_script_under_torchrun_matches_the_run_ranks(result, tmp_path):
     stage = 2
     config_file = tmp_path / "ds_config.json"
     config_file.write_text(json.dumps(deepspeed_config(stage)))  # the same dict the ranks used
-    script = Path(__file__).resolve().parents[2] / "course_lib" / "scripts" / "train_deepspeed.py"
+    script = Path(__file__).resolve().parents[2] / "course_lib" / "deepspeed" / "train_deepspeed.py"
     # the script's defaults (tiny, --seq-len 32, --seed 0) and deepspeed_config's (micro-batch 4,
     # lr 1e-3) are the fixture's batch=(4, 32), seed and LR; raises TorchrunError if a rank fails
     out = torchrun(str(script), WORLD, ["--deepspeed_config", str(config_file), "--steps", STEPS],

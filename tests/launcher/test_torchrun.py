@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,34 @@ def test_bad_requests_fail_before_starting(monkeypatch):
             torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=bad)
     with pytest.raises(ValueError, match=r"timeout must be at most 604800 s \(a week\)"):
         torchrun("course_lib.scripts.hello_allreduce", 2, module=True, timeout=1e15)
+
+
+def test_init_distributed_runs_a_script_alone_and_inside_run(tmp_path):
+    """The harness's workers join through ``init_distributed`` (the learner's scripts call
+    ``init_process_group`` themselves: tests/scripts/test_learner_room.py)."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+        from course_lib.launcher.torchrun import init_distributed
+        def main():
+            rank, world = init_distributed()
+            value = torch.tensor([rank + 1.0])
+            dist.all_reduce(value)
+            print(f"rank {rank} of {world}: sum = {value.item():g}", flush=True)
+            return value.item()
+        if __name__ == "__main__":
+            main()
+    """))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "TMPDIR": str(scratch)})
+    assert out.returncode == 0, out.stderr
+    assert os.listdir(scratch) == []  # alone: no store file left behind
+    assert "rank 0 of 1: sum = 1" in out.stdout
+    main = runpy.run_path(str(script))["main"]
+    assert launch.run(main, 3) == [6.0, 6.0, 6.0]
 
 
 def test_the_first_script_refuses_to_run_without_torchrun(tmp_path):

@@ -93,7 +93,8 @@ def test_the_checkpointed_run_continues_exactly_as_an_uninterrupted_one(runs, tm
     assert text.count("if step == tiny.STEPS // 2:") == 1
     script = tmp_path / "straight.py"
     script.write_text(text.replace("if step == tiny.STEPS // 2:", "if False:"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS.parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(SCRIPTS), str(SCRIPTS.parents[1])])}  # tiny, course_lib
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
