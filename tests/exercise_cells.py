@@ -30,6 +30,8 @@ class Exercise:
     source: str
     solution: str
     wrongs: tuple[tuple[str, str], ...] = ()  # (label, code) from the cell's "exercise_wrong"
+    title: str = ""  # "Exercise 5", "Capstone": from the markdown above (tests/answers_on_page.py)
+    forms: tuple[str, ...] = ()  # the answer's formula as prose could write it ("exercise_answer_forms")
 
 
 def _source(cell: dict) -> str:
@@ -57,8 +59,25 @@ def find_exercises(cells: list[dict]) -> list[Exercise]:
         if cells[i + 1]["cell_type"] != "markdown" or "<summary>Solution" not in after:
             raise ValueError(f"cell {i} calls a check but no Solution block follows it")
         wrongs = tuple(cell.get("metadata", {}).get("exercise_wrong", {}).items())
-        found.append(Exercise(i, code_index, source, solution_code(after), wrongs))
+        forms = tuple(cell.get("metadata", {}).get("exercise_answer_forms", ()))
+        found.append(Exercise(i, code_index, source, solution_code(after), wrongs,
+                              _title(cells, i), forms))
     return found
+
+
+_TITLE = re.compile(r"\b(Exercise\s+\d+|Capstone)\b")
+
+
+def _title(cells: list[dict], index: int) -> str:
+    """The exercise's name in the nearest markdown above it ("Exercise 3"), else "cell N"."""
+    for cell in reversed(cells[:index]):
+        if cell["cell_type"] == "markdown":
+            if "<summary>Solution" in _source(cell):
+                break  # the exercise before
+            found = _TITLE.findall(_source(cell))
+            if found:
+                return re.sub(r"\s+", " ", found[-1])
+    return f"cell {index}"
 
 
 def _is_stub(node: ast.stmt) -> bool:

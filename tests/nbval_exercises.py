@@ -14,6 +14,10 @@ namespace (later cells see nothing of it) it executes the cell three times, with
   nothing: a check fails, and its message does not contain the solution's number (no leak);
 * ``wrong: <label>``: each plausible mistake named in the cell's ``exercise_wrong`` metadata
   (sum instead of mean, a missing all-gather, ...): a check fails, without a leak.
+
+Then, with the solution's numbers in hand, the page above the exercise (as stored on disk) must
+not show them (``tests/answers_on_page.py``; the open set is ``OPEN`` in
+``tests/test_no_answer_on_page.py``, which checks everything that needs no kernel).
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ from queue import Empty
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from answers_on_page import reveals  # noqa: E402
 from exercise_cells import choices, find_exercises, stubs, variants  # noqa: E402
+from test_no_answer_on_page import OPEN  # noqa: E402
 
 _TAG = "@@course-exercise@@ "
 
@@ -109,7 +115,10 @@ class ExerciseItem(pytest.Item):
         assert not errors, errors[0]
         line = next((ln for ln in text.split("\n") if ln.startswith(_TAG)), None)
         assert line is not None, f"no verdict from the kernel; it printed: {text[-2000:]}"
-        check_report(json.loads(line[len(_TAG):]))
+        report = json.loads(line[len(_TAG):])
+        check_report(report)
+        check_page(self.parent.nb.cells, self.exercise, report["solution"]["numbers"],
+                   Path(str(self.path)).name[:2])
 
     def reportinfo(self):
         return self.path, 0, f"{self.name} (cell {self.exercise.cell})"
@@ -130,6 +139,15 @@ def check_report(report: dict) -> None:
                 shown = {str(value), f"{value:,}", f"{value:.6g}", f"{value:,.0f}"}
                 leaked = [m for m in got["messages"] if any(s in m for s in shown)]
                 assert not leaked, f"the {kind}'s feedback shows the solution: {leaked}"
+
+
+def check_page(cells: list, exercise, numbers: list, chapter: str) -> None:
+    """The stored page above the exercise does not show the number its solution computes."""
+    if exercise.title in OPEN.get(chapter, {}):
+        return
+    shown = [f for f in reveals(cells, exercise, numbers) if f.startswith("number:")]
+    assert not shown, (f"{chapter} {exercise.title}: the page gives the answer away: {shown} "
+                       "(move the output below the exercise or ask for something the page does not show)")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -120,6 +120,7 @@ CORRECTED = {
 
 #: term → the chapter (notebook prefix) that first uses and defines it
 TERMS = {"DTensor": "03", "TorchDispatchMode": "01", "local rank": "00", "MFU": "07", "DCP": "06",
+         "cp": "04", "ep": "04", "veth": "05",
          "SDPA": "09", "Float8": "09", "AsyncTP": "09",
          # issue 61: chapter 01 used these before defining them
          "B/param": "01", "amp": "01", "bf16": "01", "activation checkpointing": "01"}

@@ -17,8 +17,12 @@ import torch
 import torch.distributed as dist
 
 from course_lib.launcher.launch import run
+from course_lib.exercises import Feedback, check_choice, check_number
+from course_lib.communication.benchmark import busbw_factor
+from course_lib.communication.formulas import ring_allreduce_time
+from course_lib.communication.whatif import STRATEGIES
 
-__all__ = ["check_reduce_scatter"]
+__all__ = ["check_reduce_scatter", "check_busbw", "check_speedup_8", "check_volume"]
 
 N = 1003  # elements: not divisible by 3, so the chunks differ in size
 
@@ -103,3 +107,27 @@ def check_reduce_scatter(fn: Callable[[torch.Tensor], object], world: int = 3,
             return False, problem
     return True, (f"on {world} real ranks, chunk r of rank r equals dist.all_reduce's chunk r "
                   "on every rank.")
+
+
+def check_busbw(answer) -> Feedback:
+    """Exercise 1: busbw of a 256 MiB all-reduce timed at 1.1 ms on 8 GPUs (GB/s, 1 GB = 1e9 B)."""
+    return check_number(answer, 2**28 / 1.1e-3 / 1e9 * busbw_factor("all_reduce", 8), rtol=0.01,
+                        name="busbw", unit="GB/s",
+                        hint="first the algorithm bandwidth (bytes over seconds); then the share of "
+                             "it each link carries in a ring all-reduce of 8 ranks.")
+
+
+def check_speedup_8(answer) -> Feedback:
+    """Exercise 3: the speedup of 8 GPUs over one, step T1 = 1 s, 2 GB of gradients all-reduced
+    after the compute (no overlap), ring with alpha = 5 us and 31.5 GB/s per link."""
+    t8 = 1.0 / 8 + ring_allreduce_time(2e9, 8, 5e-6, 1 / 31.5e9)
+    return check_number(answer, 1.0 / t8, rtol=0.02, name="speedup",
+                        hint="the step on 8 GPUs is its share of the compute plus the whole all-reduce.")
+
+
+def check_volume(answer) -> Feedback:
+    """Exercise 4: the strategy that moves 1.5 times DDP's volume, counted as the ZeRO paper does."""
+    options = ["ddp", "zero1", "zero2", "zero3"]
+    volume = {s: STRATEGIES[s] / STRATEGIES["ddp"] for s in options}
+    return check_choice(answer, min(volume, key=lambda s: abs(volume[s] - 1.5)), options,
+                        name="volume", hint="count the collectives over the parameters/gradients in one step.")

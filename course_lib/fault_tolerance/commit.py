@@ -21,7 +21,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from course_lib.fault_tolerance.checkpoint_safe import SafeLoadPlanner, SafeReader
 
 __all__ = ["MARKER", "save_sharded", "load_committed", "publish", "save_committed",
            "latest_committed", "write_atomic", "fsync_dir"]
@@ -74,12 +73,15 @@ def save_sharded(path, model, optimizer):
 
 
 def load_committed(path, model, optimizer):
-    """Collective: refuse an unfinished save, else read this rank's slices (any world size)."""
+    """Collective: refuse an unfinished save, else read this rank's slices (any world size).
+
+    For checkpoints you wrote: DCP's reader unpickles ``.metadata`` (``load_checkpoint`` reads
+    an untrusted folder safely)."""
     if not (Path(path) / MARKER).is_file():
         raise FileNotFoundError(f"{Path(path).name} has no commit marker: an unfinished save")
     model_sd, optim_sd = get_state_dict(model, optimizer)   # the shards to fill, in place
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
+    dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
 

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Callable
 
 from course_lib.common.checks import positive_int
+from course_lib.exercises import Feedback, check_choice, check_number
+from course_lib.fault_tolerance.interval import job_mtbf, young_daly_interval
 from course_lib.fault_tolerance.commit import MARKER, latest_committed, load_committed
 from course_lib.fault_tolerance.training import build
 from course_lib.launcher.launch import run
 
-__all__ = ["check_latest_committed"]
+__all__ = ["check_latest_committed", "check_restart_pick", "check_young_daly", "check_mtbf_at_scale"]
 
 
 def _resume_rank(fn: Callable, root: str, expected: str, config: str) -> dict:
@@ -82,3 +84,26 @@ def check_latest_committed(fn: Callable, root: str | Path, world: int = 2,
                            "checkpoint exists: the restart would redo steps for nothing.")
     return True, (f"every one of the {world} ranks picked the newest committed checkpoint, "
                   "skipped the unfinished save and loaded its shards.")
+
+
+def check_restart_pick(answer, root) -> Feedback:
+    """Exercise 1: the directory a restart resumes from, after a crash during a save in ``root``."""
+    options = ["step_000002", "step_000004", "step_000006.tmp", "none"]
+    picked = latest_committed(root)
+    return check_choice(answer, picked.name if picked else "none", options,
+                        name="latest after a crash during save",
+                        hint="a directory counts only with a valid commit marker and a committed name.")
+
+
+def check_young_daly(answer) -> Feedback:
+    """Exercise 3: minutes between checkpoints for C = 120 s and a failure every 4 hours."""
+    return check_number(answer, young_daly_interval(120, 4 * 3600) / 60, rtol=0.02,
+                        name="Young/Daly interval", unit="min",
+                        hint="use the rule of this section, with C and M in the same unit; then convert.")
+
+
+def check_mtbf_at_scale(answer) -> Feedback:
+    """Exercise 4: hours between failures on 100,000 GPUs at 0.173 failures per GPU-year."""
+    return check_number(answer, job_mtbf(100_000, 0.173 / (365 * 24 * 3600)) / 3600, rtol=0.02,
+                        name="MTBF at 100k GPUs", unit="h",
+                        hint="each GPU fails independently: how does the job's failure rate grow with N?")

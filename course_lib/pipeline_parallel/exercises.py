@@ -13,9 +13,11 @@ from typing import Callable
 import torch
 
 from course_lib.pipeline_parallel.measure import PP_CONFIG, dense_reference, measure_pipeline
+from course_lib.exercises import Feedback, check_number
+from course_lib.pipeline_parallel.formulas import bubble_formula
 from course_lib.pipeline_parallel.schedules import schedule_ops
 
-__all__ = ["check_1f1b"]
+__all__ = ["check_1f1b", "check_bubble_budget"]
 
 #: Every (p, m) checked, the most telling first (p=4, m=8 shows a warm-up off by one or GPipe's order).
 GRID = [(p, m) for p in range(4, 0, -1) for m in range(8, 0, -1)]
@@ -101,3 +103,10 @@ def check_1f1b(fn: Callable[[int, int, int], list], p: int = 2, m: int = 4) -> t
         return False, f"the order is right, but the ranks stashed {stash} micro-batches."
     return True, (f"your order is 1F1B's for every p <= 4, m <= 8 and rank; run on {p} real ranks "
                   f"it gives the unsplit model's loss and gradients, stashing {stash} micro-batches.")
+
+
+def check_bubble_budget(answer, p: int = 4, budget: float = 0.05) -> Feedback:
+    """Exercise 5: the fewest equal micro-batches ``m`` that keep ``p`` stages' bubble under ``budget``."""
+    m = next(m for m in range(1, 10_000) if bubble_formula(p, m) < budget)
+    return check_number(answer, m, name=f"m for a bubble under {budget:.0%}",
+                        hint="write the bubble as idle slots over all slots of a step, then solve for m.")

@@ -16,11 +16,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.common.models import FeedForward
+from course_lib.exercises import Feedback, check_number
 from course_lib.launcher.launch import run
 from course_lib.tensor_parallel.layers import _slice_linear
+from course_lib.tensor_parallel.layers import expected_block_bytes
+from course_lib.tensor_parallel.megatron import megatron_layout
 from course_lib.tensor_parallel.measure import TP_CONFIG
 
-__all__ = ["OUT_TOL", "GRAD_TOL", "compare_tp_mlp", "check_f_and_g"]
+__all__ = ["OUT_TOL", "GRAD_TOL", "compare_tp_mlp", "check_f_and_g", "check_block_bytes",
+           "check_pipeline_micro_batches"]
 
 #: fp32 sums over the hidden units split across ranks and re-added: ~5e-7 on outputs, ~3e-9 on grads.
 OUT_TOL = dict(rtol=1e-5, atol=1e-6)
@@ -192,3 +196,20 @@ def check_f_and_g(f: Callable, g: Callable, t: int = 2, seed: int = 0) -> tuple[
             return False, problem
     return True, (f"with your f and g the MLP split over {t} real ranks gives the dense output, "
                   "x.grad and weight gradients on every rank.")
+
+
+def check_block_bytes(answer) -> Feedback:
+    """Exercise 3: bytes one rank all-reduces per block, forward + backward (b=4, s=512, h=1024,
+    fp32, t=4); the expected value stays here, off the page."""
+    expected = expected_block_bytes(batch=4, seq=512, d_model=1024)
+    return check_number(answer, expected["forward"] + expected["backward"], name="TP bytes per block",
+                        unit="B", hint="count the all-reduces of one block in both directions, "
+                                       "and what each one carries; does t change it?")
+
+
+def check_pipeline_micro_batches(answer) -> Feedback:
+    """Exercise 7: micro-batches per pipeline per step for Megatron-LM's flags on 128 GPUs."""
+    layout = megatron_layout(128, 8, 4, micro_batch_size=2, global_batch_size=512)
+    return check_number(answer, layout.micro_batches, name="micro-batches",
+                        hint="how many data-parallel replicas are left once TP and PP have taken "
+                             "their ranks? Each gets an equal share of the global batch.")
