@@ -36,9 +36,6 @@ OPEN: dict[str, dict[str, str]] = {
     "03": {
         "Exercise 3": "(nbval) a stored output above prints 1643520, the answer (was Exercise 4)",
     },
-    "08": {
-        "Exercise 1": "the check computes deepspeed_prediction(stage=3, world=4) in sight: print it and it is the answer",
-    },
     "12": {
         "Capstone": "the check computes 8 // dp_size({...}) in sight",
     },

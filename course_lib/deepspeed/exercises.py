@@ -17,7 +17,8 @@ from course_lib.deepspeed.load import deepspeed_status
 from course_lib.launcher.launch import run
 from course_lib.sharding.formulas import param_shapes
 
-__all__ = ["check_fit_config", "fit_answer", "check_ds_config", "deepspeed_prediction", "TASK"]
+__all__ = ["check_fit_config", "fit_answer", "check_ds_config", "check_stage3_bytes",
+           "deepspeed_prediction", "TASK"]
 
 
 def _need(shapes: list, stage: int, n_gpus: int) -> int:
@@ -32,6 +33,14 @@ def deepspeed_prediction(stage: int, world: int, config: GPTConfig | str = "tiny
     chapter checks against DeepSpeed's own tensors at N = 2 (the widget measures N = 4)."""
     return predict_deepspeed(param_shapes(get_config(config)), stage, world,
                              moment=moment)["model_states"]
+
+
+def check_stage3_bytes(answer: object):
+    """Exercise 1: rank 0's model-state bytes after the step, ZeRO-3 on 4 ranks (within 0.1 %)."""
+    from course_lib.exercises import check_number
+    return check_number(answer, deepspeed_prediction(stage=3, world=4), rtol=1e-3,
+                        name="ZeRO-3 with DeepSpeed, N = 4", unit="bytes",
+                        hint="which categories are divided by N, and which one is not?")
 
 
 def fit_answer(config: GPTConfig | str, n_gpus: int, gpu_bytes: float,

@@ -5,7 +5,7 @@ dimensions): ``world = dp_replicate · dp_shard · cp · tp · pp``; FSDP shards
 (torchtitan's rule), ``ep`` (mixture of experts) borrows ranks from ``dp_shard · cp`` and needs
 each rank to hold at least ``top_k`` experts. :func:`enumerate_layouts` lists every candidate
 whose sizes divide the GPU count and the model: ``tp`` within a node and dividing the key/value
-heads, ``pp`` at most the layer count, ``cp`` within a node beside ``tp`` and at least 1,024
+heads, ``pp`` at most the layer count, ``cp`` within a node beside ``tp`` and at least 4,096
 tokens per rank, a global batch the data-parallel ranks can split; HSDP replicates across nodes
 with each shard group filling a node's remaining GPUs (the layout HSDP exists for).
 """
@@ -15,6 +15,9 @@ import dataclasses
 
 __all__ = ["AC_MODES", "Candidate", "enumerate_layouts", "divisors"]
 
+#: context parallelism only while each rank keeps this many tokens (below, its K/V ring costs
+#: more than the activations it saves; torchtitan's CP runs start at 32k-token sequences)
+MIN_CP_TOKENS = 4096
 #: activation checkpointing per decoder block: none, torchtitan's selective op policy, full
 AC_MODES = ("none", "selective", "full")
 
@@ -72,7 +75,7 @@ def enumerate_layouts(gpus: int, gpus_per_node: int, spec, global_batch: int, se
             continue
         for cp in divisors(gpus // tp):
             if tp * cp > gpus_per_node or gpus_per_node % (tp * cp) or seq_len % (2 * cp) \
-                    or (cp > 1 and seq_len // cp < 1024):
+                    or (cp > 1 and seq_len // cp < MIN_CP_TOKENS):
                 continue
             for pp in divisors(gpus // (tp * cp)):
                 dp = gpus // (tp * cp * pp)

@@ -164,7 +164,7 @@ def test_a_copy_of_the_room_runs_alone_and_on_two_ranks_with_only_common(clean_c
 
 def test_nothing_the_readme_commands_write_is_tracked(clean_checkout_runs):
     clone, _ = clean_checkout_runs
-    assert (clone / "outputs" / "checkpoint" / ".metadata").is_file()  # checkpoint.py's default
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True,
                             text=True, check=True).stdout
     assert status == "", f"a run left files git would track:\n{status}"
+    assert (clone / "outputs" / "checkpoint" / ".metadata").is_file()  # checkpoint.py's default
