@@ -140,14 +140,20 @@ def test_a_class_answer_is_not_recorded_and_says_where_it_was_checked():
 
 
 def test_a_value_measured_in_the_learners_own_run_is_for_review():
+    """An exercise whose expected value is the learner's own measurement (cell metadata
+    ``exercise_review``) is not replayed: a separate clean run would measure another value. No
+    chapter has one today (chapter 05's busbw became a fixed case), so one is marked here."""
     [chapter] = [c for c in CHAPTERS if c.stem.startswith("05")]
     cells = json.loads(chapter.read_text())["cells"]
     exercises = find_exercises(cells)
+    assert not any(cells[e.cell]["metadata"].get("exercise_review") for e in exercises)
+    replayed = [k for k, x in enumerate(_job(cells, exercises, [e.solution for e in exercises],
+                                             60, 10 ** 6)["exercises"]) if x["replay"]]
+    marked = replayed[0]
+    cells[exercises[marked].cell]["metadata"]["exercise_review"] = "the learner's own timing"
     job = _job(cells, exercises, [e.solution for e in exercises], 60, 10 ** 6)
-    marked = [k for k, e in enumerate(exercises)
-              if cells[e.cell]["metadata"].get("exercise_review")]
-    assert [k for k, x in enumerate(job["exercises"]) if not x["replay"]] == marked
-    assert any("row.busbw" in exercises[k].source for k in marked)
+    assert [k for k, x in enumerate(job["exercises"]) if x["replay"]] == \
+        [k for k in replayed if k != marked]
 
 
 def test_a_verdict_made_inside_the_submission_is_for_review_and_not_counted(tmp_path):
