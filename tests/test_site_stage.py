@@ -49,6 +49,18 @@ def test_links_to_pages_stay_others_go_to_github_code_untouched():
     assert "`xs[0](y)`" in out and "fns[i](x)" in out
 
 
+def test_a_jupyterlab_anchor_to_a_page_becomes_the_sites_heading_slug():
+    """JupyterLab names '## 3. Nothing lost' #3.-Nothing-lost; the site (MyST) names it
+    #3-nothing-lost: a link between chapters must reach the heading in both."""
+    pages = {"notebooks/06_f.ipynb", "README.md"}
+    text = ("[home](06_f.ipynb#3.-Nothing-lost) [stuck](06_f.ipynb#A-stuck-rank-is-worse-than-a-dead-one) "
+            "[trust](../README.md#trust-boundary)")
+    out = stage.fix_links(text, "notebooks", pages, GITHUB)
+    assert "[home](06_f.ipynb#3-nothing-lost)" in out
+    assert "[stuck](06_f.ipynb#a-stuck-rank-is-worse-than-a-dead-one)" in out
+    assert "[trust](../README.md#trust-boundary)" in out
+
+
 def _widget_notebook() -> dict:
     png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
     state = {

@@ -48,6 +48,16 @@ def github_base(binder: str) -> str:
     return f"https://github.com/{owner}/{repo}/blob/{ref}"
 
 
+def _slug(anchor: str) -> str:
+    """A heading anchor as the site's MyST names it: JupyterLab's ``#3.-Nothing-lost`` (the
+    heading with spaces made '-') becomes ``#3-nothing-lost``, MyST's slug of ``3. Nothing lost``
+    (myst_parser's default slugify: lower case, only word characters, '-' and spaces, spaces
+    made '-'); a GitHub-style anchor such as ``#trust-boundary`` stays as it is."""
+    if not anchor:
+        return anchor
+    return "#" + re.sub(r"[^\w\u4e00-\u9fff\- ]", "", anchor[1:].strip().lower()).replace(" ", "-")
+
+
 def fix_links(text: str, here: str, pages: set[str], github: str) -> str:
     """Relative links to staged pages stay (MyST resolves them); others go to the file on GitHub.
 
@@ -68,7 +78,7 @@ def fix_links(text: str, here: str, pages: set[str], github: str) -> str:
                 parts.append(part)
         resolved = "/".join(parts)
         if resolved in pages:
-            return match.group(0)
+            return f"[{label}]({target}{_slug(anchor)})"
         return f"[{label}]({github}/{resolved}{anchor})"
     # fenced code and inline code keep their text: `xs[0](y)` is not a link
     pieces = re.split(r"(^```.*?^```[^\n]*$|`[^`\n]*`)", text, flags=re.M | re.S)
