@@ -24,6 +24,7 @@ CLOCK = (
     "tests/launcher/test_launch_interrupts.py",
     "tests/launcher/test_progress.py",
     "tests/launcher/test_rank_error.py",
+    "tests/launcher/test_rank_reports.py",
     "tests/launcher/test_torchrun.py",
     "tests/launcher/test_torchrun_store.py",
     "tests/launcher/test_forked_workers.py",

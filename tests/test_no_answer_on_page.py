@@ -25,17 +25,6 @@ from exercise_cells import find_exercises
 OPEN: dict[str, dict[str, str]] = {
     # chapter -> {exercise title: the finding}. Entries marked "(nbval)" are found only in the
     # kernel (the number comes from the notebook's state); this test cannot see them go.
-    "01": {
-        "Exercise 1": "(nbval) the census table above prints the optimizer's 7,002,324 B, the answer",
-        "Exercise 2": "(nbval) a stored output above prints 1,095,796, the answer",
-    },
-    "02": {
-        "Exercise 3": "(nbval) found as Exercise 4 (5,251,584 B printed above) before 02 was renumbered; "
-                      "the static check no longer sees that number above it: run 02 under nbval, then delete",
-    },
-    "03": {
-        "Exercise 3": "(nbval) a stored output above prints 1643520, the answer (was Exercise 4)",
-    },
     "12": {
         "Capstone": "the check computes 8 // dp_size({...}) in sight",
     },

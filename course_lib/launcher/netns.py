@@ -71,10 +71,19 @@ def tx_bytes(iface: str) -> int:
     return counters[iface].bytes_sent
 
 
+def _tools_env() -> dict:
+    """This environment with ``/usr/sbin`` and ``/sbin`` at the end of ``PATH``: Debian keeps
+    ``tc`` there, and a normal user's ``PATH`` leaves them out (root's has them)."""
+    path = [p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p]
+    return {**os.environ, "PATH": os.pathsep.join(
+        path + [d for d in ("/usr/sbin", "/sbin") if d not in path])}
+
+
 def _probe(prefix_: list[str], *argv: str) -> str | None:
     """Run ``argv`` under ``prefix_``; None when it worked, else its error text."""
     try:
-        done = subprocess.run([*prefix_, *argv], capture_output=True, text=True, timeout=20)
+        done = subprocess.run([*prefix_, *argv], capture_output=True, text=True, timeout=20,
+                              env=_tools_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
@@ -88,7 +97,8 @@ def availability(latency: bool = False) -> tuple[str | None, str]:
     """
     if not sys.platform.startswith("linux"):
         return None, "network namespaces are Linux-only"
-    missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t) is None]
+    path = _tools_env()["PATH"]
+    missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t, path=path) is None]
     if missing:
         return None, f"{', '.join(missing)} not found (apt-get install iproute2 util-linux)"
     mode = "root" if os.geteuid() == 0 else "user namespace"
@@ -107,7 +117,7 @@ def availability(latency: bool = False) -> tuple[str | None, str]:
 
 
 def _sh(*argv: str, check: bool = True) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=_tools_env())
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
