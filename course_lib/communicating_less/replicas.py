@@ -132,15 +132,19 @@ class _Forked:
             time.sleep(0.01)
 
 
-def _job(steps: int, kill_at: int, step_s: float, timeout: float, train) -> None:
-    """In a private network namespace: lighthouse, two replicas, one killed and restarted."""
+def _job(steps: int, kill_at: int, step_s: float, timeout: float, payload: bytes) -> None:
+    """In a private network namespace: lighthouse, two replicas, one killed and restarted.
+
+    The loop (``payload``, cloudpickled) is unpickled only once inside: unpickling imports
+    torch, whose threads make the kernel refuse a normal user's ``unshare(CLONE_NEWUSER)``
+    (EINVAL: a process with more than one thread cannot enter a new user namespace)."""
     from course_lib.launcher.netns import PrivateNetRefused, enter_private
     try:
         enter_private()
     except PrivateNetRefused as exc:
         print(json.dumps({"refused": f"no private network namespace: {exc}"}), flush=True)
         return
-    zygote = _Zygote(train)  # before the lighthouse's threads exist
+    zygote = _Zygote(cloudpickle.loads(payload))  # before the lighthouse's threads exist
     from torchft.coordination import LighthouseServer
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500,
                                   heartbeat_timeout_ms=1000)
@@ -253,6 +257,6 @@ def summarize(lines: list[dict]) -> dict:
 
 if __name__ == "__main__":
     _job(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]),
-         cloudpickle.loads(sys.stdin.buffer.read()))  # the loop, from the caller (its own user)
+         sys.stdin.buffer.read())  # the loop, pickled by the caller (its own user)
     sys.stdout.flush()
     os._exit(0)  # everything is closed: the interpreter's own shutdown took another second
