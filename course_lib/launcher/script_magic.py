@@ -33,7 +33,9 @@ __all__ = ["ScriptRun", "run_script", "parse_losses", "torchrun_magic", "load_ip
 
 TOLERANCE = 1e-4
 TOLERANCE_BF16 = 2e-3
-_LOSS = re.compile(r"^(?:\[rank (\d+)\] )?step (\d+) loss (\S+)$")
+# the number alone: torchrun may write another rank's "[default0]:" prefix right after it,
+# before the newline, when two ranks print at once
+_LOSS = re.compile(r"^(?:\[rank (\d+)\] )?step (\d+) loss ([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.py$")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding course_lib
 _ROOM = str(Path(__file__).resolve().parents[1] / "scripts")  # tiny.py: the scripts' `import tiny`

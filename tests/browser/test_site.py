@@ -199,7 +199,7 @@ def test_copied_flags_keep_their_hyphens_and_wide_blocks_fit_the_column(base, br
     """Typography must not turn `--flag` into an en dash; a wide table scrolls inside itself instead
     of being cut off; at this width most code and output blocks fit the text column."""
     page, _ = _open(browser_page, base, "notebooks/03_sharding_zero_fsdp.html")
-    text = page.locator("article").inner_text()
+    text = page.locator("article").text_content()  # folded text too: the flag sits in a <details>
     assert "--use-distributed-optimizer" in text and "\u2013use-distributed-optimizer" not in text
     cut = page.locator("article table").evaluate_all(
         "els => els.filter(e => e.scrollWidth > e.clientWidth + 1"

@@ -72,7 +72,8 @@ def test_the_solutions_score_every_exercise_and_the_student_edition_none(graded)
     results, _ = graded
     assert results["s1.ipynb"].chapter == CHAPTER.stem and verdicts(results["s1.ipynb"]) == [True, True]
     assert verdicts(results["s2.ipynb"]) == [False, False]
-    assert all("] TO DO: " in " ".join(e.feedback) for e in results["s2.ipynb"].exercises)
+    assert all("] TO DO: " in " ".join(e.feedback) for e in results["s2.ipynb"].exercises), \
+        [e.feedback for e in results["s2.ipynb"].exercises]
 
 
 def test_a_mistake_fails_exactly_its_exercise_with_the_checks_feedback(graded):

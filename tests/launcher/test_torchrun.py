@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from course_lib.launcher.torchrun import TorchrunError, cluster_command, torchrun, torchrun_command
+from course_lib.launcher import launch
 from course_lib.launcher import torchrun as tr  # the module; course_lib.torchrun is the function
 from processes import wait_gone
 

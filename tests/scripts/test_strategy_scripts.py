@@ -136,3 +136,12 @@ def test_load_ext_course_lib_registers_the_cell_magic():
     assert "torchrun" in shell.magics_manager.magics["cell"]
     with pytest.raises(ValueError, match="usage"):
         shell.run_cell_magic("torchrun", "two ddp.py", "print(1)")
+
+
+def test_a_loss_line_that_another_rank_wrote_onto_is_still_read():
+    """Two ranks printing at once: torchrun may write rank 0's "[default0]:" prefix onto the end of
+    another rank's line, before its newline (seen once in CI: '3.464731[default0]:'). The loss is
+    the number; a line of another rank is not read."""
+    out = ("[rank 0] step 0 loss 5.632331\n[rank 0] step 1 loss 3.464731[default0]:\n"
+           "[rank 1] step 0 loss 9.0\n[rank 0] step 2 loss 2.5e-3\n")
+    assert parse_losses(out) == [5.632331, 3.464731, 0.0025]
