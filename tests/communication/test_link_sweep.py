@@ -127,7 +127,7 @@ def test_no_namespaces_raise_a_clear_error_and_the_notebook_falls_back(monkeypat
 
 
 def test_availability_says_why(monkeypatch):
-    monkeypatch.setattr(ls.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(ls.shutil, "which", lambda tool, path=None: None)
     mode, why = ls.availability()
     assert mode is None and "not found" in why and "iproute2" in why
     monkeypatch.setattr(ls.sys, "platform", "darwin")
