@@ -70,3 +70,29 @@ def test_ddp_reports_its_set_up_with_the_two_log_variables_under_torchrun(monkey
         for field in ("backend_name: gloo", "gloo_socket_ifname: lo", "world_size: 2",
                       "bucket_cap_bytes: 26214400"):
             assert f"[rank {rank}] {field}" in mine, field
+
+
+def _section_6() -> str:
+    import json
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "10_debugging.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+             if c["cell_type"] == "markdown"]
+    start = next(i for i, c in enumerate(cells) if c.startswith("## 6 · The settings people export"))
+    end = next(i for i, c in enumerate(cells) if c.startswith("## 7 "))
+    return "\n".join(cells[start:end])
+
+
+def test_every_torch_nccl_variable_of_the_table_is_in_the_installed_headers():
+    import re
+    c10d = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+    nccl = (c10d / "ProcessGroupNCCL.hpp").read_text()
+    recorder = (c10d / "FlightRecorder.hpp").read_text()
+    named = set(re.findall(r"TORCH_(?:NCCL|FR)_[A-Z_]+[A-Z]", _section_6()))
+    assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_FR_BUFFER_SIZE"} <= named
+    for name in named:
+        assert f'"{name}"' in nccl + recorder, name
+    # the defaults the table states
+    assert "the default value (3 - SkipCleanUp)" in nccl
+    assert "kProcessGroupNCCLDefaultTimeout =\n    std::chrono::milliseconds(10 * 60 * 1000)" in nccl
+    assert '{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)' in recorder
