@@ -1,8 +1,9 @@
 """Checks of chapter 12's exercises: the learner's train.py and the cluster files.
 
-:func:`grade_train_py` runs the learner's ``train.py`` (the course's script with its gaps filled)
-on 4 ranks and alone and compares the losses (a grader not named ``check_``: the exercise is the
-script's gaps, not a value the notebook's exercise runner can swap).
+:func:`grade_train_py` takes the learner's ``train.py`` (the course's script with its gaps
+filled): "to do" while a gap is left, then the check of :mod:`~course_lib.capstone.exercises_train`
+(a grader not named ``check_``: the exercise is the script's gaps, not a value the notebook's
+exercise runner can swap).
 
 :func:`check_sbatch` and :func:`check_trainjob` read a filled template
 (:mod:`course_lib.capstone.jobfiles`) as Slurm, Kubernetes and torchrun would (the ``#SBATCH``
@@ -16,10 +17,10 @@ import re
 import shlex
 
 from course_lib.capstone.jobfiles import GAP, K8S_HEAD, SLURM_HEAD, reference
-from course_lib.exercises import Feedback, failure_details
-from course_lib.launcher.script_magic import run_script
+from course_lib.capstone.exercises_train import check_train_script
+from course_lib.exercises import Feedback, check_number
 
-__all__ = ["check_sbatch", "check_trainjob", "grade_train_py", "TRAIN_ARGS"]
+__all__ = ["check_sbatch", "check_trainjob", "grade_train_py", "check_training_days"]
 
 
 def _field(text: str, key: str) -> str | None:
@@ -137,37 +138,28 @@ def check_trainjob(text: str, nnodes: int, gpus_per_node: int, args: list[str], 
                     "meeting at the first pod.", name)
 
 
-#: what the chapter runs the learner's train.py with: 4 ranks as dp 2 × tp 2, fp32 so that the
-#: one-process run is the same arithmetic up to the order of sums (bf16 would blur the check)
-TRAIN_ARGS = ("--tp", "2", "--dtype", "fp32", "--steps", "6")
 _TRAIN_GAP = re.compile(r"^\s*\.\.\.\s+# GAP (\w+):", re.M)
 
 
-def grade_train_py(text: str, nprocs: int = 4, args: tuple = TRAIN_ARGS,
-                   timeout: float = 300.0) -> Feedback:
+def grade_train_py(text: str, timeout: float = 300.0) -> Feedback:
     """The learner's ``train.py``: while a ``...  # GAP N:`` line is left, "to do" (nothing
-    starts); else run on ``nprocs`` ranks under torchrun and alone, and compare the losses."""
-    name = "train.py"
+    starts); then :func:`~course_lib.capstone.exercises_train.check_train_script` runs it on 4
+    ranks beside the course's script alone and says where to look."""
     left = _TRAIN_GAP.findall(text)
     if left:
-        return Feedback(False, f"not answered yet: fill GAP {', '.join(left)} and run the cell.", name)
-    try:
-        run = run_script(text, nprocs, name, args=args, timeout=timeout, quiet=True)
-    except Exception as err:  # the learner's script failed on a rank: say where, fold the rest
-        kind = getattr(err, "exc_type", type(err).__name__)
-        first = (str(err).strip().splitlines() or [""])[0]
-        return Feedback(False, f"train.py failed under torchrun ({kind}): {first}", name,
-                        failure_details(err))
-    if run.final is None or run.reference_final is None:
-        return Feedback(False, "no 'step N loss X' line came back: keep the script's log line.", name)
-    if len(run.losses) != len(run.reference_losses):
-        return Feedback(False, f"{len(run.losses)} steps on {nprocs} ranks against "
-                        f"{len(run.reference_losses)} alone: every rank must run every step.", name)
-    gap = max(abs(a - b) for a, b in zip(run.losses, run.reference_losses))
-    if gap > run.tolerance:
-        way = "higher" if run.final > run.reference_final else "lower"
-        return Feedback(False, f"on {nprocs} ranks the loss drifts from the one-process run (final "
-                        f"loss {way}, largest gap {gap:.1e}): a gradient is not the whole batch's "
-                        "mean, or a rank trains on other data.", name)
-    return Feedback(True, f"on {nprocs} ranks (dp {nprocs // 2} × tp 2) every loss is the "
-                    f"one-process loss within {run.tolerance:.0e}.", name)
+        return Feedback(False, f"not answered yet: fill GAP {', '.join(left)} and run the cell.",
+                        "train.py")
+    return check_train_script(text, timeout=timeout)
+
+
+def check_training_days(days: object, plan, choice: object, tokens: float = 15e12) -> Feedback:
+    """Days to train on ``tokens`` tokens with every GPU of ``plan`` at the predicted tokens/s per
+    GPU of the row ``choice`` (a row of ``plan.rows`` or its label), within 2 %."""
+    name = "days to train"
+    rows = {r.label: r for r in plan.rows}
+    row = rows.get(choice) if isinstance(choice, str) else choice
+    if row not in plan.rows:
+        return Feedback(False, "not answered yet: choose your layout (`answer`) first.", name)
+    expected = tokens / (row.tokens_per_s_gpu * plan.gpus) / 86400
+    return check_number(days, expected, rtol=0.02, name=name, unit="days",
+                        hint="tokens / (tokens per second per GPU x GPUs), in days")

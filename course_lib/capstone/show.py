@@ -9,7 +9,7 @@ from course_lib.composition.layout import Layout
 from course_lib.display import DPI, FIGSIZE, FONT_MIN, WIDGET_STYLE
 from course_lib.common.plots import legible
 
-__all__ = ["STRATEGIES", "plot_strategy_map", "plot_whole_game", "format_side_by_side", "format_speed", "step_verdict", "explain_step", "curve_gap", "format_curves",
+__all__ = ["STRATEGIES", "plot_strategy_map", "plot_whole_game", "format_side_by_side", "format_speed", "step_verdict", "explain_step", "plan_table", "curve_gap", "format_curves",
            "plot_curves", "train_widget", "STEP_RATIO_SEEN"]
 
 #: measured / predicted step time seen on this project's 2-core machine (tiny and small presets,
@@ -174,6 +174,18 @@ def explain_step(result, shares) -> str:
         f"{'step':28} {t['step_s'] * 1e3:12.1f} {step * 1e3:12.1f}",
         f"the two terms the prediction counts take {(ms('matmul') + ms('communication')) / 1e3 / step:.0%} "
         f"of the measured step; what it leaves out, {left_out / 1e3 / step:.0%}"])
+
+
+def plan_table(plan) -> str:
+    """A planner's rows in the order of their labels (not best first: choosing is the
+    exercise): fits, GiB per GPU with the margin, tokens/s per GPU, MFU."""
+    lines = [f"{plan.model.name}: {plan.gpus} × {plan.cluster.name}, global batch "
+             f"{plan.global_batch} × {plan.seq_len} tokens",
+             f"{'layout':34} {'fits':>4} {'GiB/GPU':>8} {'tok/s/GPU':>10} {'MFU':>6}"]
+    for r in sorted(plan.rows, key=lambda r: r.label):
+        lines.append(f"{r.label:34} {'yes' if r.fits else 'no':>4} {r.need_gib:8.1f} "
+                     f"{r.tokens_per_s_gpu:10,.0f} {r.mfu:6.1%}")
+    return "\n".join(lines)
 
 
 def curve_gap(reference, result) -> tuple[float, float]:

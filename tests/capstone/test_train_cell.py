@@ -82,4 +82,4 @@ def test_the_filled_stub_passes_and_a_rank_local_batch_fails():
     bad = good.replace("num_replicas=dp, rank=mesh[\"dp\"].get_local_rank()", "num_replicas=1, rank=0")
     assert bad != good
     got = grade_train_py(bad)
-    assert not got.passed and "drifts from the one-process run" in got.message, got.message
+    assert not got.passed and "NOT YET" in repr(got), got.message
