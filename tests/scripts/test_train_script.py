@@ -9,6 +9,7 @@ script, the mistake a learner makes.
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.utils.data import DistributedSampler
 
 from course_lib.capstone.exercises_train import check_train_script, run_learner, verdict
 from course_lib.launcher.script_magic import TOLERANCE_BF16, parse_losses, run_script
@@ -149,6 +151,47 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_identical(tmp_path
     assert "resumed at step 4: dp 2 × tp 2" in killed.output, killed.output[-3000:]
     assert parse_losses(killed.output) == parse_losses(straight.output)
     assert _equal(_state(tmp_path / "a/checkpoint/step_8"), _state(tmp_path / "b/checkpoint/step_8"))
+
+
+def _plain_losses(steps=8, accum=2, batch=16, warmup=2, clip=1.0) -> list[float]:
+    """The same training in plain PyTorch, one process, no DTensor: the independent reference."""
+    from course_lib.scripts import tiny
+    model = tiny.model()
+    opt = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2],
+                              "weight_decay": 0.1},
+                             {"params": [p for p in model.parameters() if p.dim() < 2],
+                              "weight_decay": 0.0}], lr=tiny.LR, betas=(0.9, 0.95))
+    cosine = lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warmup if s < warmup else cosine(s))
+    data = tiny.dataset()
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+    order = []
+    for epoch in range(steps * batch // len(data)):
+        sampler.set_epoch(epoch)
+        order += list(sampler)
+    micro, losses = batch // accum, []
+    for step in range(steps):
+        total = 0.0
+        for i in range(accum):
+            x, y = data[order[(step * accum + i) * micro:(step * accum + i + 1) * micro]]
+            loss = model.loss(model(x), y) / accum
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses
+
+
+def test_one_process_equals_a_plain_pytorch_loop(tmp_path):
+    """Alone, train.py still builds a 1 × 1 mesh, DTensors and FSDP2: the plain loop checks that
+    they, the schedule, the accumulation and the clipping add nothing."""
+    done = _alone(["--dtype", "fp32"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _worst(parse_losses(done.stdout), _plain_losses()) <= FP32
 
 
 def test_bad_sizes_stop_before_any_process_group(tmp_path):
