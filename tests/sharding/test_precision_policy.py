@@ -1,0 +1,35 @@
+"""FSDP2's MixedPrecisionPolicy (chapter 03): bytes gathered and reduced per step, measured on real
+ranks, equal the prediction from the parameter count and the two dtypes."""
+import pytest
+import torch
+
+from course_lib.common.models import get_config, param_count
+from course_lib.launcher.launch import run
+from course_lib.sharding.precision import POLICIES, fsdp2_demo, predicted_policy_bytes
+
+PSI = param_count(get_config("tiny"))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_bytes_and_dtypes_sent_per_step_are_predicted(name):
+    param_dtype, reduce_dtype = POLICIES[name]
+    ranks = run(fsdp2_demo, 2, True, param_dtype, reduce_dtype, 2)
+    want = predicted_policy_bytes(PSI, param_dtype, reduce_dtype)
+    for rank in ranks:
+        sent = rank["sent"]
+        assert {k: v[0] for k, v in sent.items()} == want, name
+        assert sent["all_gather"][1] == (param_dtype or torch.float32)
+        assert sent["reduce_scatter"][1] == (reduce_dtype or param_dtype or torch.float32)
+        assert rank["stored"] == rank["grad"] == torch.float32     # shards stay fp32 under every policy
+
+
+def test_reduce_dtype_none_reduces_in_the_param_dtype():
+    """FSDP2's documented default, checked on real ranks: no reduce_dtype -> bf16 reduction."""
+    sent = run(fsdp2_demo, 2, True, torch.bfloat16, None, 2)[0]["sent"]
+    assert sent["reduce_scatter"] == (PSI * 2, torch.bfloat16)
+    assert predicted_policy_bytes(PSI, torch.bfloat16, None)["reduce_scatter"] == PSI * 2
+
+
+def test_keeping_the_parameters_gathered_sends_one_all_gather_less():
+    sent = run(fsdp2_demo, 2, False, None, None, 2)[0]["sent"]
+    assert sent["all_gather"][0] == 4 * PSI    # gathered once in forward, kept for backward
