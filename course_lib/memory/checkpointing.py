@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from functools import partial
 
-import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
@@ -28,6 +27,8 @@ __all__ = ["checkpointed_steps"]
 def checkpointed_steps(config, batch, modes=("none", "selective", "full"), repeats=3):
     """Inside a rank: per mode, the activations forward keeps (bytes), the fastest forward and
     forward + backward (seconds), and the largest gradient difference from the unwrapped model."""
+    import torch                               # here, so that a copy defined in a notebook ships to a rank
+
     keep = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]   # selective: save these outputs
 
     def build(mode):

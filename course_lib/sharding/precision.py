@@ -1,11 +1,11 @@
 """FSDP2 with a ``MixedPrecisionPolicy`` inside a rank: what each rank keeps, and what one step sends.
 
 Chapter 03's cell "the same calls inside the ranks" is the editable copy of :func:`fsdp2_demo`. Its
-section on ``MixedPrecisionPolicy`` runs it on real ranks for the three choices of :data:`POLICIES`
-(fp32; bf16 parameters with fp32 reduction; both bf16) beside :func:`predicted_policy_bytes`,
-which knows only the parameter count and the two dtypes. With every block and the root resharded
-after forward, each parameter is all-gathered twice per step in ``param_dtype`` and its gradient
-reduce-scattered once in ``reduce_dtype``. The message sizes are counted by
+section on ``MixedPrecisionPolicy`` runs it on real ranks for three choices (fp32; bf16 parameters
+with fp32 reduction; both bf16) beside the prediction from the parameter count and the two dtypes:
+with every block and the root resharded after forward, each parameter is all-gathered twice per
+step in ``param_dtype`` and its gradient reduce-scattered once in ``reduce_dtype`` (``None``: in
+``param_dtype``). The message sizes are counted by
 :class:`~course_lib.sharding.comm_counter.CommCounter` (the full buffer of each collective, as
 nccl-tests reports it).
 """
@@ -20,14 +20,7 @@ from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 from course_lib.sharding.comm_counter import CommCounter
 
-__all__ = ["POLICIES", "fsdp2_demo", "predicted_policy_bytes"]
-
-#: The three choices chapter 03 compares: name -> (param_dtype, reduce_dtype); None = fp32.
-POLICIES: dict[str, tuple[torch.dtype | None, torch.dtype | None]] = {
-    "fp32": (None, None),
-    "bf16 params, fp32 reduce": (torch.bfloat16, torch.float32),
-    "bf16 params, bf16 reduce": (torch.bfloat16, torch.bfloat16),
-}
+__all__ = ["fsdp2_demo"]
 
 
 def fsdp2_demo(reshard_after_forward=True, param_dtype=torch.bfloat16, reduce_dtype=torch.float32, steps=2):
@@ -61,12 +54,3 @@ def fsdp2_demo(reshard_after_forward=True, param_dtype=torch.bfloat16, reduce_dt
             "computed": seen[-1], "grad": w.grad.to_local().dtype, "falls": losses[-1] < losses[0],
             "adam": tuple(optimizer.state[w]["exp_avg"].to_local().shape), "sent": sent}
 
-
-def predicted_policy_bytes(n_params: int, param_dtype: torch.dtype | None = None,
-                           reduce_dtype: torch.dtype | None = None) -> dict[str, int]:
-    """Bytes per step with every unit resharded after forward: two all-gathers of the parameters in
-    ``param_dtype``, one reduce-scatter of the gradients in ``reduce_dtype`` (``param_dtype`` None:
-    fp32; ``reduce_dtype`` None: FSDP2 reduces in ``param_dtype``). No padding assumed."""
-    param = param_dtype or torch.float32
-    reduce = reduce_dtype or param
-    return {"all_gather": 2 * n_params * param.itemsize, "reduce_scatter": n_params * reduce.itemsize}
