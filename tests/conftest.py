@@ -40,6 +40,7 @@ CLOCK = (
     "tests/fault_tolerance/test_checkpoint.py::test_resume_after_fault_at_random_step_equals_uninterrupted",
     "tests/fault_tolerance/test_fault.py::test_torchrun_restarts_lose_nothing",
     "tests/capstone/test_resume.py::test_killed_rank_resumes_to_the_same_weights_bit_for_bit",
+    "tests/scripts/test_train_script.py::test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_identical",
     "tests/capstone/test_cluster.py::test_the_generated_command_runs_as_two_loopback_nodes",
     "tests/communicating_less/test_replicas.py::test_the_survivor_counts_every_step",
     "tests/communicating_less/test_replicas.py::test_the_rejoined_replica_equals_its_peer",

@@ -3,5 +3,7 @@
 ``plan("llama-3.1-70b", gpus=64, cluster="h100-80gb")`` lists every layout, each measured on
 fake tensors with transformers' model code and torch's FSDP2/TP APIs, its speed predicted from
 counted FLOPs and chapter 05's α-β model; ``python -m course_lib.plan`` prints the same table.
-Modules: models, clusters, layouts, fake_step, predict, planner, show, exercises.
+``plan_course(layout)`` plans the course GPT with chapter 12's recipe, each rank's peak checked
+against real ranks. Modules: models, clusters, layouts, fake_step, predict, planner, course,
+show, exercises.
 """

@@ -23,7 +23,7 @@ ROOM = REPO / "course_lib" / "scripts"
 # the scripts a learner copies: they import from the course only `tiny` (MOVED's files are the
 # deprecated old paths of the harness's workers, gone next release)
 LEARNER = ["hello_allreduce.py", "ddp.py", "fsdp.py", "tensor_parallel.py", "pipeline.py",
-           "checkpoint.py", "mesh_2d.py"]
+           "checkpoint.py", "mesh_2d.py", "train.py"]
 
 _NO_EDITABLE = '''import sys
 sys.meta_path[:] = [f for f in sys.meta_path
