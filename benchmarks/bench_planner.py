@@ -6,7 +6,8 @@
    96 GB (torchtitan's run), ``--repeats`` times: min and median seconds, wall and CPU.
 2. ``--tables``: the whole table of Llama 3.1 70B on 64 H100 80 GB (global batch 64 × 8192) and
    of Mixtral 8x7B on 16 H100 80 GB (global batch 16 × 8192), each once, printed with its
-   seconds: every row measured on fake tensors from the stored configs.
+   seconds: every row measured on fake tensors from the stored configs (layouts sharing a
+   block shape share its fake runs: ``runs`` counts the fake steps actually run).
 Each figure is printed with the load average: other work on 2 cores inflates every figure, and
 the CPU seconds of this process (user + system) say what the planner itself needed.
 """
@@ -20,7 +21,7 @@ import statistics
 import time
 
 from course_lib.plan.layouts import Candidate
-from course_lib.plan.planner import plan
+from course_lib.plan.planner import clear_cache, plan
 
 
 def _cpu() -> float:
@@ -46,6 +47,7 @@ def main() -> None:
     timed(one)  # the first call imports transformers and fills torch's caches
     walls, cpus = [], []
     for _ in range(args.repeats):
+        clear_cache()  # each repeat measures its fake steps again
         p, wall, cpu = timed(one)
         walls.append(wall)
         cpus.append(cpu)
@@ -57,6 +59,7 @@ def main() -> None:
     if args.tables:
         for name, kw in (("llama-3.1-70b", dict(gpus=64, global_batch=64)),
                          ("mixtral-8x7b-v0.1", dict(gpus=16, global_batch=16))):
+            clear_cache()  # every block shape measured in this table, none borrowed
             p, wall, cpu = timed(lambda: plan(name, cluster="h100-80gb", seq_len=8192, **kw))
             print(p.__str__())
             print(f"table {name} on {kw['gpus']} GPUs: {len(p.rows)} layouts, {p.runs} fake steps, "

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from course_lib.plan.clusters import CLUSTERS
 from course_lib.plan.models import STORED, ConfigError
 from course_lib.plan.planner import DEFAULTS, plan, plan_text
+from course_lib.plan.stored import request_key, save_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="achieved fraction of the peak FLOP/s")
     parser.add_argument("--top", type=int, default=15, help="rows to print (0: all)")
     parser.add_argument("--list", action="store_true", help="list the stored configs and clusters")
+    parser.add_argument("--save", default=None, metavar="DIR",
+                        help="also write the table to DIR as JSON (a new file named by the request)")
     args = parser.parse_args(argv)
     if args.list or not args.config:
         print("stored configs:", ", ".join(STORED))
@@ -42,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(file=sys.stderr)
     print(plan_text(result, top=args.top or None))
+    if args.save:
+        request = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node or 8, cluster=args.cluster,
+                       memory_gib=args.memory_gib, global_batch=args.global_batch, seq_len=args.seq)
+        path = Path(args.save) / f"{request_key(args.config, **request)}.json"
+        print(f"saved {save_plan(result, path, {'model': args.config, **request})}", file=sys.stderr)
     return 0
 
 

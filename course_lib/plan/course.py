@@ -1,18 +1,14 @@
 """The planner on the course's own GPT, with the recipe chapter 12's ``train_gpt`` runs: checkable.
 
-A Hugging Face model at scale (:func:`course_lib.plan.planner.plan`) cannot be run here; the
-course GPT on CPU ranks can. :func:`plan_course` measures each rank's peak of one training step
-on fake tensors under torch's fake process group (chapter 03's method), with what chapter 12's
-ranks build: fp32 weights and Adam, ``"dp"`` torch DDP (``replicate`` beside ``"tp"``),
-``"dp_shard"`` FSDP2 per block and at the root, ``"tp"`` chapter 04's Megatron split
-(``dtensor_block``), ``"pp"`` two stages of one micro-batch, activations sent forward and their
-gradient back. The peak is read as the ranks read theirs: chapter 01's tracker on the second
-step, tracking the model, the optimizer and the batch. ``tests/plan/test_course.py`` holds it
-within 5 % of the peak measured on real ranks for every layout chapter 12 runs.
-
-DDP's C++ reducer cannot run on fake tensors: :class:`_DDPStandIn` holds what DDP holds by
-default (``gradient_as_bucket_view=False``: the gradients plus a flat bucket copy of them, made
-again in the second step's forward, where DDP rebuilds its buckets) and sends what it sends.
+:func:`plan_course` measures each rank's peak of one training step on fake tensors under torch's
+fake process group (chapter 03's method) with what chapter 12's ranks build: fp32 weights and
+Adam, ``"dp"`` torch DDP (``replicate`` beside ``"tp"``), ``"dp_shard"`` FSDP2 per block and at
+the root, ``"tp"`` chapter 04's split (``dtensor_block``), ``"pp"`` two stages of one micro-batch.
+The peak is read as the ranks read theirs: chapter 01's tracker on the second step.
+DDP's C++ reducer cannot take fake tensors: :class:`_DDPStandIn` holds what DDP holds by default
+(the gradients plus a flat bucket copy, made again in the second step's forward) and sends what it
+sends. :func:`cpu_layout` gives a cluster layout's shape on a few CPU ranks. Measured against
+real ranks: docs/modules/plan.md.
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ from course_lib.sharding.rank_measure import FSDPTracker
 __all__ = ["StageRun", "run_stage", "ATTENTION_OPS"]
 
 _SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
+_SHARDED_NAMES = {str(k.value) for k in _SHARDED}
 aten = torch.ops.aten
 #: the attention kernels whose FLOPs torch's counter needs told (CPU flash attention under fake)
 ATTENTION_OPS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -53,6 +54,15 @@ class StageRun:
     attention_flops: float
     comm: dict
     categories: dict
+    sharded_phases: dict = dataclasses.field(default_factory=dict)  # sharded bytes at each phase's peak
+    act: int = 0                 # one microbatch's activations held after its forward
+
+    def with_stash(self, in_flight: int) -> "StageRun":
+        """This run (measured with one microbatch in flight) with 1F1B's stash: ``in_flight - 1``
+        more microbatches' activations on every phase."""
+        stash = (in_flight - 1) * self.act
+        phases = {k: v + stash for k, v in self.phases.items()}
+        return dataclasses.replace(self, peak=max(phases.values()), phases=phases)
 
     def scaled(self, other: "StageRun", k: float) -> "StageRun":
         """``self + k · (other - self)``: linear extrapolation in depth, each phase's peak apart
@@ -66,7 +76,20 @@ class StageRun:
                         {key: tuple(lin(a, b) for a, b in zip(self.comm.get(key, (0, 0)),
                                                               other.comm.get(key, (0, 0))))
                          for key in keys},
-                        {c: lin(self.categories.get(c, 0), other.categories.get(c, 0)) for c in cats})
+                        {c: lin(self.categories.get(c, 0), other.categories.get(c, 0)) for c in cats},
+                        {k: int(lin(self.sharded_phases[k], other.sharded_phases[k]))
+                         for k in self.sharded_phases}, int(lin(self.act, other.act)))
+
+    def resharded(self, factor: float, comm: dict) -> "StageRun":
+        """This run with its sharded bytes (parameters, gradients, optimizer states) times
+        ``factor`` (FSDP over ``1 / factor`` as many ranks) and ``comm`` instead of its own."""
+        delta = {k: v * (factor - 1) for k, v in self.sharded_phases.items()}
+        phases = {k: int(v + delta.get(k, 0)) for k, v in self.phases.items()}
+        cats = {c: v * factor if c in _SHARDED_NAMES else v for c, v in self.categories.items()}
+        return dataclasses.replace(self, peak=max(phases.values()), phases=phases,
+                                   sharded=int(self.sharded * factor), comm=comm, categories=cats,
+                                   sharded_phases={k: int(v * factor)
+                                                   for k, v in self.sharded_phases.items()})
 
 
 def _sdpa_fwd(q, k, v, *args, **kwargs):
@@ -209,7 +232,7 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
                 tracker.reset_mod_stats()
                 _reset_peak(tracker)
                 with counter, flops:
-                    act, forward = _step(model, opt, ids, x, last, tracker)
+                    act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     comm = defaultdict(lambda: (0, 0))
     for (kind, size, _), ranks in zip(counter.calls, counter.groups):
@@ -224,7 +247,9 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
     return StageRun(peak=max(phases.values()), phases=phases,
                     sharded=sum(peak.get(k, 0) for k in _SHARDED),
                     flops=float(flops.get_total_flops()), attention_flops=float(attention),
-                    comm=dict(comm), categories=categories)
+                    comm=dict(comm), categories=categories,
+                    sharded_phases={"forward": forward_sharded,
+                                    "backward": sum(peak.get(k, 0) for k in _SHARDED)}, act=act)
 
 
 def _reset_peak(tracker) -> None:
@@ -241,16 +266,17 @@ def _make_states(model, opt) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int]:
-    """Forward, backward, optimizer step; returns the activation bytes held after the forward
-    and the forward's peak (the tracker's peak is the backward's after it)."""
+def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, int]:
+    """Forward, backward, optimizer step; returns the activation bytes held after the forward,
+    the forward's peak and the sharded bytes at it (the tracker's peak is the backward's after it)."""
     kwargs = {"input_ids": ids} if x is None else {"inputs_embeds": x}
     if last:
         out = model(**kwargs, labels=ids).loss
     else:
         out = model(**kwargs).logits  # lm_head is an Identity: the hidden state sent on
     act = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.ACT, 0)
-    forward = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    forward, sharded = snap["Total"], sum(snap.get(k, 0) for k in _SHARDED)
     _reset_peak(tracker)  # the backward's own peak from here
     if out.dim() == 0:
         out.backward()
@@ -258,4 +284,4 @@ def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int]:
         out.backward(torch.ones_like(out))
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return act, forward
+    return act, forward, sharded

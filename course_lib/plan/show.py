@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from course_lib.display import FIGSIZE, PALETTE
-from course_lib.plan.models import STORED
-from course_lib.plan.planner import plan, plan_text
+from course_lib.plan.models import STORED, ConfigError
+from course_lib.plan.planner import plan_text
+from course_lib.plan.stored import stored_plan
 
 __all__ = ["plot_plan", "compare_published", "plan_widget"]
 
@@ -40,48 +41,65 @@ def plot_plan(p, ax=None):
     return ax
 
 
-def plan_widget(models=None, cache: dict | None = None, **defaults):
-    """Model, GPUs, GPUs per node, memory per GPU, batch, sequence → the plan's table.
+def plan_widget(models=None, **defaults):
+    """Model (or a learner's config.json), GPUs, GPUs per node, memory per GPU, batch, sequence →
+    the plan's table, best first.
 
-    Plans already computed come from ``cache`` at once; a new one shows its progress, layout by
-    layout. ``models``: names or config.json paths (default: the stored configs).
+    A stored table (``data/plans/``) or one planned earlier in this kernel answers at once
+    (:func:`course_lib.plan.stored.stored_plan`); a new one is planned with a progress bar,
+    layout by layout. ``models``: names (default: the stored configs); ``defaults``: the
+    controls' starting values (``model``, ``gpus``, ``gpus_per_node``, ``memory_gib``,
+    ``global_batch``, ``seq_len``).
     """
+    import time
+
     import ipywidgets as w
     from IPython.display import display
-    cache = {} if cache is None else cache
+
     style = {"description_width": "initial"}
+    names = list(models or STORED)
     controls = {
-        "model": w.Dropdown(options=list(models or STORED), description="model", style=style),
+        "model": w.Dropdown(options=names, value=defaults.get("model", names[0]),
+                            description="model", style=style),
         "gpus": w.Dropdown(options=[8, 16, 32, 64, 128, 256, 512], value=defaults.get("gpus", 8),
                            description="GPUs", style=style),
-        "gpus_per_node": w.Dropdown(options=[4, 8], value=8, description="GPUs/node", style=style),
+        "gpus_per_node": w.Dropdown(options=[4, 8], value=defaults.get("gpus_per_node", 8),
+                                    description="GPUs/node", style=style),
         "memory_gib": w.Dropdown(options=[40.0, 79.6, 93.0, 95.0], value=defaults.get("memory_gib", 79.6),
                                  description="GiB/GPU", style=style),
-        "global_batch": w.IntText(value=defaults.get("global_batch", 16), description="batch (seqs)",
+        "global_batch": w.IntText(value=defaults.get("global_batch", 8), description="batch (seqs)",
                                   style=style),
         "seq_len": w.Dropdown(options=[2048, 4096, 8192, 16384, 32768],
                               value=defaults.get("seq_len", 8192), description="seq", style=style),
     }
-    button, status, out = w.Button(description="Plan"), w.Label(), w.Output()
+    own = w.Text(value="", placeholder="or the path of your config.json", description="config",
+                 style=style)
+    button, bar, status, out = w.Button(description="Plan"), w.IntProgress(min=0, max=1), \
+        w.Label(), w.Output()
 
     def go(_=None):
         args = {k: c.value for k, c in controls.items()}
-        key = tuple(sorted(args.items()))
-        if key not in cache:
-            def progress(i, n, label):
-                status.value = f"measuring layout {i + 1} of {n}: {label}"
-            try:
-                cache[key] = plan(args.pop("model"), **args, progress=progress)
-            except ValueError as err:
-                status.value = f"error: {err}"
-                return
-        status.value = "done"
+        model = own.value.strip() or args.pop("model")
+        args.pop("model", None)
+        start = time.perf_counter()
+
+        def progress(i, n, label):
+            bar.max, bar.value = n, i
+            status.value = f"measuring layout {i + 1} of {n} on fake tensors: {label}"
+        try:
+            p = stored_plan(model, progress=progress, **args)
+        except (ConfigError, ValueError) as err:
+            status.value = f"error: {err}"
+            return
+        bar.value = bar.max
+        status.value = f"answered in {time.perf_counter() - start:.1f} s"
         out.clear_output()
         with out:
-            print(plan_text(cache[key], top=10))
+            print(plan_text(p, top=10))
 
     button.on_click(go)
-    box = w.VBox([w.HBox(list(controls.values())[:3]), w.HBox(list(controls.values())[3:] + [button]),
-                  status, out])
+    box = w.VBox([w.HBox(list(controls.values())[:3]), w.HBox(list(controls.values())[3:]),
+                  w.HBox([own, button]), w.HBox([bar, status]), out])
     display(box)
+    go()
     return box

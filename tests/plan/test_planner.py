@@ -10,7 +10,7 @@ from course_lib.common.published import published
 from course_lib.plan.__main__ import main
 from course_lib.plan.layouts import Candidate, enumerate_layouts
 from course_lib.plan.models import STORED, ConfigError, load_config, model_spec
-from course_lib.plan.planner import measure_layout, plan
+from course_lib.plan.planner import clear_cache, measure_layout, plan
 
 #: a Llama with the real one's structure (GQA, SwiGLU, RoPE), small enough for a test
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 8,
@@ -72,6 +72,7 @@ SMALL = {**TINY, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_
 def test_measuring_two_depths_and_scaling_matches_the_full_build(layout):
     config = load_config(SMALL)
     spec = model_spec(config)
+    clear_cache()
     scaled, _, runs = measure_layout(config, layout, spec, global_batch=8, seq_len=1024)
     full, _, full_runs = measure_layout(config, layout, spec, global_batch=8, seq_len=1024, depth=5)
     assert (runs, full_runs) == (2, 1)
@@ -94,3 +95,28 @@ def test_torchtitan_llama_8b_on_8_h100_fits_within_15_percent_of_its_memory(caps
     from course_lib.plan.show import compare_published
     print(compare_published(row, ref), f"(efficiency {p.assumptions['compute']})")
     assert "5,762" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("measured, composed", [
+    (Candidate(dp_shard=2, tp=2), Candidate(dp_shard=4, tp=2)),
+    (Candidate(dp_replicate=2, dp_shard=2), Candidate(dp_replicate=2, dp_shard=4)),
+    (Candidate(dp_shard=4, pp=2), Candidate(dp_shard=2, pp=4)),
+], ids=["fsdp-tp", "hsdp", "pp"])
+def test_a_layout_composed_from_a_cached_block_shape_matches_its_own_build(measured, composed):
+    """Layouts that differ only in dp_shard/dp_replicate/pp share their fake block runs: the
+    composed figure (sharded bytes rescaled, groups mapped) equals a fresh measurement."""
+    config = load_config({**SMALL, "num_hidden_layers": 8})
+    spec = model_spec(config)
+    micro = 2 if composed.pp == 1 else 1  # the same sequences per rank in both layouts
+    clear_cache()
+    measure_layout(config, measured, spec, global_batch=micro * measured.dp * 2, seq_len=1024)
+    batch = micro * composed.dp * 2
+    cached, _, runs = measure_layout(config, composed, spec, global_batch=batch, seq_len=1024)
+    clear_cache()
+    fresh, _, fresh_runs = measure_layout(config, composed, spec, global_batch=batch, seq_len=1024)
+    assert runs == 0 and fresh_runs > 0
+    assert cached.peak == pytest.approx(fresh.peak, rel=0.01)
+    assert cached.flops == pytest.approx(fresh.flops, rel=1e-6)
+    assert set(cached.comm) == set(fresh.comm)
+    for key, (n_bytes, calls) in fresh.comm.items():
+        assert cached.comm[key][1] == calls and cached.comm[key][0] == pytest.approx(n_bytes, rel=0.01)
