@@ -25,9 +25,6 @@ from exercise_cells import find_exercises
 OPEN: dict[str, dict[str, str]] = {
     # chapter -> {exercise title: the finding}. Entries marked "(nbval)" are found only in the
     # kernel (the number comes from the notebook's state); this test cannot see them go.
-    "12": {
-        "Capstone": "the check computes 8 // dp_size({...}) in sight",
-    },
 }
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))

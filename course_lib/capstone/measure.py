@@ -161,7 +161,7 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
               batch_size: int = 8, lr: float = 3e-3, seed: int = 0,
               ckpt_dir: str | Path | None = None, every: int = 0, eval_every: int = 10,
               faults: tuple[Fault, ...] = (), timeout: float = 300.0,
-              device: str | None = None) -> TrainReport:
+              device: str | None = None, trace: str | Path | None = None) -> TrainReport:
     """Train the course GPT on ``layout`` (``{}``: one process) on real ranks; report.
 
     ``batch_size`` is the global batch in sequences of the preset's ``seq_len`` (the same for
@@ -174,14 +174,16 @@ def train_gpt(layout: Layout | dict, *, preset: str | GPTConfig = "small", steps
     ``cores``, ``params`` (dense) and ``ranks``: per rank ``bytes_measured`` and
     ``bytes_predicted``, ``peak_measured`` (the second step's peak; ``None`` after one step)
     and ``peak_predicted``. ``device``: ``None`` lets ``run`` choose (CUDA + NCCL with a GPU
-    per rank, else CPU + gloo), ``"cpu"`` or ``"cuda"``.
+    per rank, else CPU + gloo), ``"cpu"`` or ``"cuda"``. ``trace``: a file name; rank 0 writes
+    a ``torch.profiler`` trace of its third step there (:mod:`course_lib.capstone.trace` reads it).
     """
     predicted = predict_run(layout, preset, batch_size, steps=steps, ckpt_dir=ckpt_dir)
     layout, config = predicted.layout, predicted.config
     placement = place(layout.world, None, device, pipeline=layout.pp > 1)  # fails here, before any
     kwargs = {"batch_size": batch_size // layout.dp_size, "lr": lr, "seed": seed,
               "eval_every": eval_every, "ckpt_dir": str(ckpt_dir) if ckpt_dir else None,
-              "every": every, "faults": tuple(faults), "device": placement.device}
+              "every": every, "faults": tuple(faults), "device": placement.device,
+              "trace": str(trace) if trace else None}
     results = run(_RANK_ENTRY, layout.world, config, layout, steps, kwargs, predicted.rank_work,
                   timeout=timeout, threads=1, device=placement.device, backend=placement.backend)
     first = results[0]

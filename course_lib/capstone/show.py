@@ -9,7 +9,7 @@ from course_lib.composition.layout import Layout
 from course_lib.display import DPI, FIGSIZE, FONT_MIN, WIDGET_STYLE
 from course_lib.common.plots import legible
 
-__all__ = ["STRATEGIES", "plot_strategy_map", "plot_whole_game", "format_side_by_side", "format_speed", "step_verdict", "curve_gap", "format_curves",
+__all__ = ["STRATEGIES", "plot_strategy_map", "plot_whole_game", "format_side_by_side", "format_speed", "step_verdict", "explain_step", "plan_table", "curve_gap", "format_curves",
            "plot_curves", "train_widget", "STEP_RATIO_SEEN"]
 
 #: measured / predicted step time seen on this project's 2-core machine (tiny and small presets,
@@ -153,6 +153,39 @@ def step_verdict(result, seen: tuple[float, float] | None = None) -> str:
     if seen is not None:
         line += f"; within x{seen[0]:g}-x{seen[1]:g} (seen before): {seen[0] <= ratio <= seen[1]}"
     return line
+
+
+def explain_step(result, shares) -> str:
+    """The step-time prediction set beside where the measured step went: ``shares``
+    (:func:`course_lib.capstone.trace.step_shares` of one profiled step of rank 0) scaled to the
+    median step. The prediction has two terms, the step's matmuls at the measured matmul rate
+    and the collectives' α-β time; the rest of the measured step is what it leaves out."""
+    result = _typed(result)
+    t, step = result.step_predicted, result.step_seconds
+
+    def ms(category: str) -> float:
+        return shares.share(category) * step * 1e3
+    left_out = ms("other ops") + ms("optimizer") + ms("Python and launch")
+    return "\n".join([
+        f"{'':28} {'predicted ms':>12} {'measured ms':>12}",
+        f"{'matmuls':28} {t['compute_s'] * 1e3:12.1f} {ms('matmul'):12.1f}",
+        f"{'communication':28} {t['comm_s'] * 1e3:12.1f} {ms('communication'):12.1f}",
+        f"{'other ops, optimizer, Python':28} {'not counted':>12} {left_out:12.1f}",
+        f"{'step':28} {t['step_s'] * 1e3:12.1f} {step * 1e3:12.1f}",
+        f"the two terms the prediction counts take {(ms('matmul') + ms('communication')) / 1e3 / step:.0%} "
+        f"of the measured step; what it leaves out, {left_out / 1e3 / step:.0%}"])
+
+
+def plan_table(plan) -> str:
+    """A planner's rows in the order of their labels (not best first: choosing is the
+    exercise): fits, GiB per GPU with the margin, tokens/s per GPU, MFU."""
+    lines = [f"{plan.model.name}: {plan.gpus} × {plan.cluster.name}, global batch "
+             f"{plan.global_batch} × {plan.seq_len} tokens",
+             f"{'layout':34} {'fits':>4} {'GiB/GPU':>8} {'tok/s/GPU':>10} {'MFU':>6}"]
+    for r in sorted(plan.rows, key=lambda r: r.label):
+        lines.append(f"{r.label:34} {'yes' if r.fits else 'no':>4} {r.need_gib:8.1f} "
+                     f"{r.tokens_per_s_gpu:10,.0f} {r.mfu:6.1%}")
+    return "\n".join(lines)
 
 
 def curve_gap(reference, result) -> tuple[float, float]:

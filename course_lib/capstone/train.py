@@ -12,8 +12,10 @@ step. The device and backend are :func:`course_lib.launcher.devices.place`'s cho
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import time
 
 import torch
@@ -118,6 +120,38 @@ def peak_step(step, model: torch.nn.Module, optimizer, batch: tuple) -> tuple[ob
     return out, sum(categorize(tracker.get_tracker_snapshot("peak")).values())
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 to /dev/null (kineto prints a USDT line at every profiler start and
+    stop, from C++): only around those two calls, never around the learner's step."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved), os.close(null)
+
+
+def _profiled(step_fn, step: int, path: str | None) -> torch.Tensor:
+    """``step_fn()`` under ``torch.profiler`` (CPU ops), its trace written to ``path`` (if any)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    if path is None:  # the other ranks run the same step unprofiled: the collectives still meet
+        return step_fn()
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet_stderr():
+        prof.start()
+    try:
+        with record_function(f"ProfilerStep#{step}"):
+            out = step_fn()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    prof.export_chrome_trace(path)
+    return out
+
+
 def _check_meta(layout: Layout, steps: int):
     def check(manifest: dict) -> None:
         meta = manifest["meta"]
@@ -135,7 +169,7 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
                         batch_size: int, lr: float, seed: int = 0, eval_every: int = 0,
                         ckpt_dir: str | None = None, every: int = 0, keep: int | None = 2, faults: tuple[Fault, ...] = (),
                         attempt: int | None = None, threads: int = 1, return_params: bool = True,
-                        device: str = "cpu") -> dict:
+                        device: str = "cpu", trace: str | None = None) -> dict:
     """Train ``steps`` Adam steps of ``batch_size`` sequences per data-parallel rank.
 
     Resumes from the newest checkpoint in ``ckpt_dir`` that loads (any data-parallel layout
@@ -144,7 +178,9 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
     and at the end), ``bytes`` (model states as stored), ``peak`` (bytes at the peak of the
     second step this process runs; ``None`` if it runs one), ``step_seconds`` (of the other
     steps: the tracker slows that one), ``resumed_from``, and ``params`` (full, dense names;
-    sent by the first rank of each pipeline stage, ``{}`` from the others, which hold the same)."""
+    sent by the first rank of each pipeline stage, ``{}`` from the others, which hold the same).
+    ``trace``: a file name; rank 0 profiles its third step (``torch.profiler``) and writes the
+    Chrome trace there (the step is then left out of ``step_seconds``)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if attempt is None:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -183,6 +219,8 @@ def train_rank_capstone(config: GPTConfig, layout: Layout, steps: int, *,
         if step == start + 1:  # the second step: Adam's states exist, DDP builds its buckets
             loss, peak = peak_step(one_step, model, optimizer, (x, y))
             losses.append(_global_mean(loss))  # not timed: the tracker slows the step
+        elif trace and step == start + 2:
+            losses.append(_global_mean(_profiled(one_step, step, trace if rank == 0 else None)))
         else:
             losses.append(_global_mean(one_step()))
             seconds.append(time.perf_counter() - t0)

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.common.data import get_batch
 from course_lib.common.models import GPT, get_config
 
-__all__ = ["train_gpt_ddp", "LIVE", "LONG_RUN_PATH", "stored_long_run"]
+__all__ = ["train_gpt_ddp", "LIVE", "LONG_RUN_PATH", "stored_long_run", "stored_record"]
 
 #: the stored longer run (``python benchmarks/whole_game.py long-run`` writes it)
 LONG_RUN_PATH = Path(__file__).resolve().parents[2] / "data" / "whole_game_long_run.json"
@@ -68,3 +68,11 @@ def stored_long_run(path: Path | str = LONG_RUN_PATH) -> dict:
     """The stored longer run of :func:`train_gpt_ddp`: its settings, date, machine, losses every
     50 steps and the samples before and after (JSON written by ``benchmarks/whole_game.py``)."""
     return json.loads(Path(path).read_text())
+
+
+def stored_record(name: str) -> dict:
+    """A stored run of chapter 12 (``data/NAME.json``: ``capstone_long_run``, written by
+    ``benchmarks/capstone_long_run.py``; ``capstone_compile``, by ``benchmarks/capstone_compile.py``)."""
+    if name not in ("capstone_long_run", "capstone_compile"):
+        raise ValueError(f"no stored run {name!r}: capstone_long_run or capstone_compile")
+    return json.loads((LONG_RUN_PATH.parent / f"{name}.json").read_text())
