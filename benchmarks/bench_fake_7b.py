@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     jobs = [(s, p, args.world, args.batch, args.seq) for p in ("amp", "fp32")
-            for s in ("fsdp", "zero2", "zero1", "ddp")]
+            for s in ("fsdp", "fsdp_no_reshard", "zero1", "ddp")]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, jobs))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,12 @@ CORRECTED = {
     # issue 61: torch 2.13's _BucketCapacityConfig (tests/data_parallel/test_ddp_default_buckets.py)
     r"flat buffers of about `bucket_cap_mb` MiB \(25 by default\)": "with the defaults the first "
         "iteration uses one bucket; after the rebuild the first bucket is capped at 1 MiB",
+    # issue 61's audit of 01-05 (h-ch01-05)
+    r"NCCL runs this same ring": "NCCL has ring and tree algorithms and picks one by size and topology",
+    r"every point within a factor of 2": "FIT_TOLERANCE holds |predicted/measured - 1| <= 1: 0 to 2x, "
+        "not a factor of 2 either way",
+    r"chapter 5 measures the\s+saving over a slow link": "chapter 05 reads overlap from a torch.profiler "
+        "trace; DDP over the shaped link is measured once, in the link sweep",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it

@@ -21,16 +21,16 @@ from course_lib.common.models import GPTConfig, get_config, param_count
 from course_lib.finetuning.probes import (ADAPTER_METHODS, FULL_STRATEGIES, Probe, measure_many,
                                          measure_method)
 from course_lib.launcher import devices, progress
-from course_lib.sharding.formulas import param_shapes, per_rank_bytes
+from course_lib.sharding.formulas import canonical_strategy, param_shapes, per_rank_bytes
 
 __all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "ASSUMPTIONS", "PlanRow", "Plan", "plan_finetuning",
            "measure_method"]
 
-_LABELS = {"ddp": "full FT · DDP", "zero1": "full FT · ZeRO-1", "zero2": "full FT · ZeRO-2",
+_LABELS = {"ddp": "full FT · DDP", "zero1": "full FT · ZeRO-1", "fsdp_no_reshard": "full FT · FSDP, no reshard",
            "fsdp": "full FT · FSDP", "lora": "LoRA (bf16 base)", "qlora": "QLoRA (NF4 base)"}
 _KEYS = ("weights", "grads", "optimizer", "activations", "peak")
 #: Depths of the two probe runs per method (FSDP2's peak with one block is not on the line).
-_PROBE_LAYERS = {"ddp": (1, 2), "zero1": (1, 2), "zero2": (2, 3), "fsdp": (2, 3), "lora": (1, 2),
+_PROBE_LAYERS = {"ddp": (1, 2), "zero1": (1, 2), "fsdp_no_reshard": (2, 3), "fsdp": (2, 3), "lora": (1, 2),
                  "qlora": (1, 2)}
 #: Default cost assumptions: an 80 GB A100-class GPU (312 dense bf16 TFLOP/s), 40 % MFU, $2/GPU-h.
 ASSUMPTIONS = {"tflops": 312.0, "mfu": 0.40, "usd_per_gpu_hour": 2.0, "usable_fraction": 0.90}
@@ -75,11 +75,11 @@ class Plan:
         head = (f"{self.n_params / 1e6:,.1f}M params, seq {self.seq_len} × micro-batch "
                 f"{self.micro_batch}; GPUs: {self.n_gpus} × {self.gpu_memory_gb:g} GB "
                 f"(fits = peak ≤ {usable:.3g} GB usable); per GPU, in {unit} (1 GB = 1e9 bytes)")
-        cols = f"{'method':<18}{'GPUs':>5}" + "".join(f"{k:>12}" for k in _KEYS)
+        cols = f"{'method':<27}{'GPUs':>5}" + "".join(f"{k:>12}" for k in _KEYS)
         lines = [head, cols + f"{'fits':>6}{'GPU-h':>9}{'$':>9}  source"]
         for r in self.rows:
             vals = "".join(f"{r.bytes[k] / div:>12.2f}" for k in _KEYS)
-            lines.append(f"{_LABELS[r.method]:<18}{r.gpus:>5}{vals}{'yes' if r.fits else 'NO':>6}"
+            lines.append(f"{_LABELS[r.method]:<27}{r.gpus:>5}{vals}{'yes' if r.fits else 'NO':>6}"
                          f"{r.gpu_hours:>9.1f}{r.cost_usd:>9.0f}  {r.source}")
         a = self.assumptions
         lines.append(f"cost: {a['tokens'] / 1e6:g}M tokens, {a['tflops']:g} TFLOP/s × {a['mfu']:.0%} "
@@ -166,6 +166,7 @@ def plan_finetuning(model: GPTConfig | str = "gpt-7b", *, gpu_memory_gb: float =
     n = param_count(config)
     out = Plan(config, n, gpu_memory_gb, n_gpus, seq_len, micro_batch, assumptions=a)
     usable = a["usable_fraction"] * gpu_memory_gb * 1e9
+    methods = tuple(canonical_strategy(m) for m in methods)
     bad = [m for m in methods if m not in FULL_STRATEGIES + ADAPTER_METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {FULL_STRATEGIES + ADAPTER_METHODS}, "

@@ -21,7 +21,7 @@ from course_lib.sharding.measure import measure_distributed
 
 __all__ = ["FULL_STRATEGIES", "ADAPTER_METHODS", "Probe", "measure_method", "measure_many"]
 
-FULL_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+FULL_STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
 ADAPTER_METHODS = ("lora", "qlora")
 #: One fake run: (config at the depth to measure, method, GPUs, (micro_batch, seq_len), LoRA r,
 #: recompute) — also the key of the planner's cache.

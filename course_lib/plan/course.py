@@ -26,6 +26,7 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.memory.report import categorize, format_bytes
 from course_lib.memory.tracker import GlobalMemTracker
+from course_lib.plan.fake_step import forget_meshes
 from course_lib.sharding.fake import fake_process_group
 from course_lib.tensor_parallel.layers import dtensor_block
 
@@ -167,6 +168,7 @@ def _rank_peak(config: GPTConfig, sizes: dict, rank: int, batch: int) -> dict:
     world = math.prod(sizes.values())
     pp = sizes.get("pp", 1)
     stage = rank // (world // pp) if pp > 1 else None
+    forget_meshes()
     with fake_process_group(rank, world), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes)) \

@@ -33,7 +33,7 @@ from course_lib.sharding.comm_counter import CommCounter
 from course_lib.sharding.fake import fake_process_group
 from course_lib.sharding.rank_measure import FSDPTracker
 
-__all__ = ["StageRun", "run_stage", "ATTENTION_OPS"]
+__all__ = ["StageRun", "run_stage", "ATTENTION_OPS", "forget_meshes"]
 
 _SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
 _SHARDED_NAMES = {str(k.value) for k in _SHARDED}
@@ -183,6 +183,18 @@ class _GroupCounter(CommCounter):
         return out
 
 
+def forget_meshes() -> None:
+    """Clear DTensor's plan caches: keyed by meshes equal across fake process groups, an earlier
+    run's plan would send on a destroyed group ("Could not resolve the process group")."""
+    from torch.distributed.tensor import DTensor, _redistribute
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own
+    prop = DTensor._op_dispatcher.sharding_propagator
+    prop.propagate_op_sharding.cache_clear()
+    prop._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+
+
 def _mesh(c: Candidate, experts: bool):
     """The rank's mesh, its FSDP mesh ``dp_replicate × (dp_shard·cp)`` and the experts' one."""
     mesh = init_device_mesh("cpu", (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp),
@@ -197,6 +209,7 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
     layout ``c``, ``in_flight`` microbatches of ``micro_batch × seq_len / cp`` tokens."""
     tokens = seq_len // c.cp
     gc.collect()
+    forget_meshes()
     with fake_process_group(0, c.world), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mesh, dp_mesh, expert_mesh = _mesh(c, experts is not None and c.ep > 1)

@@ -25,6 +25,7 @@ from course_lib.common.checks import is_int
 from course_lib.common.models import GPTConfig, get_config
 from course_lib.memory.report import MemoryReport
 from course_lib.sharding.rank_measure import measure_rank
+from course_lib.sharding.strategies import FSDP_ONLY
 
 __all__ = ["measure_fake", "fake_process_group"]
 
@@ -62,7 +63,7 @@ def measure_fake(config: GPTConfig | str, batch: tuple[int, int], *, nprocs: int
     reports = []
     for rank in ranks:
         with fake_process_group(rank, nprocs):
-            mesh = init_device_mesh("cpu", (nprocs,)) if strategy in ("zero2", "fsdp") else None
+            mesh = init_device_mesh("cpu", (nprocs,)) if strategy in FSDP_ONLY else None
             with FakeTensorMode():
                 reports.append(measure_rank(config, batch, strategy=strategy, optimizer=optimizer,
                                             precision=precision, iterations=iterations, seed=seed,

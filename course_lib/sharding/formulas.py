@@ -19,15 +19,31 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from course_lib.common.deprecation import warn_renamed
 from course_lib.common.dtypes import BF16, FP16, FP32
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import STATES_PER_PARAM
 
-__all__ = ["STAGES", "paper_bytes", "ideal_bytes", "param_shapes", "zero1_assignment", "fsdp_rows",
+__all__ = ["STAGES", "RENAMED_STRATEGIES", "canonical_strategy", "paper_bytes", "ideal_bytes", "param_shapes", "zero1_assignment", "fsdp_rows",
            "per_rank_bytes", "flat_zero_bytes", "fsdp_peak_saving", "comm_bytes", "paper_comm", "NAMES_IN_THE_WILD"]
 
-#: Strategy name -> ZeRO stage (0 = plain data parallelism).
-STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
+#: Strategy name -> the ZeRO stage whose states it shards (0 = plain data parallelism).
+#: ``"fsdp_no_reshard"`` is FSDP2's ``fully_shard(reshard_after_forward=False)``: gradients and
+#: optimizer states sharded as in ZeRO stage 2, but parameters sharded between steps too (the
+#: paper's stage 2 keeps full parameters on every rank).
+STAGES = {"ddp": 0, "zero1": 1, "fsdp_no_reshard": 2, "fsdp": 3}
+#: Old strategy keys -> the key that replaced them (accepted one release, with a DeprecationWarning).
+RENAMED_STRATEGIES = {"zero2": "fsdp_no_reshard"}
+
+
+def canonical_strategy(strategy: str, stacklevel: int = 3) -> str:
+    """``strategy`` itself, or for an old key its replacement, with a ``DeprecationWarning``."""
+    new = RENAMED_STRATEGIES.get(strategy) if isinstance(strategy, str) else None
+    if new is None:
+        return strategy
+    warn_renamed(f"strategy {strategy!r}", f"{new!r}: torch's fully_shard(reshard_after_forward=False); "
+                 "the paper's ZeRO-2 keeps full parameters on every rank", stacklevel=stacklevel + 1)
+    return new
 Shape = tuple[int, ...]
 
 
@@ -95,6 +111,7 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
     parameters — bf16 under "amp" — are alive, the sharded grads were freed by
     ``zero_grad(set_to_none=True)``; DDP's grads live in its buckets and never go away).
     """
+    strategy = canonical_strategy(strategy)
     if strategy not in STAGES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {tuple(STAGES)}")
     states = STATES_PER_PARAM[optimizer]
@@ -118,7 +135,7 @@ def per_rank_bytes(shapes: Sequence[Shape], strategy: str, world: int, optimizer
             full = (BF16 if precision in ("amp", "mixed") else FP32) * padded * world
             row = {"params": FP32 * padded, "grads": FP32 * padded,
                    "optimizer": FP32 * states * real + counter * len(shapes),
-                   "unsharded_params": full if strategy == "zero2" else 0}
+                   "unsharded_params": full if strategy == "fsdp_no_reshard" else 0}
             row["model_states_fwd"] = row["params"] + row["optimizer"] + row["unsharded_params"]
         row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
         out.append(row)
@@ -164,10 +181,11 @@ def comm_bytes(shapes: Sequence[Shape], strategy: str, world: int,
 
     DDP all-reduces the fp32 gradients once (``4Ψ``); ZeRO-1 as torch builds it all-reduces them
     too (DDP does) and then each rank *broadcasts* the parameters it updated (``4Ψ`` in all).
-    FSDP2 all-gathers the padded parameters (in bf16 under "amp") — once for ZeRO-2, twice for
-    FSDP — and reduce-scatters the padded fp32 gradients. On one rank FSDP2 skips its
+    FSDP2 all-gathers the padded parameters (in bf16 under "amp") — once for ``"fsdp_no_reshard"``,
+    twice for ``"fsdp"`` — and reduce-scatters the padded fp32 gradients. On one rank FSDP2 skips its
     collectives, while DDP and ZeRO-1 still make their calls (which then copy nothing anywhere).
     """
+    strategy = canonical_strategy(strategy)
     total = sum(_numel(s) for s in shapes)
     if strategy == "ddp":
         return {"all_reduce": FP32 * total}
@@ -201,7 +219,7 @@ NAMES_IN_THE_WILD: list[dict[str, str]] = [
      "FSDP1": "(none)", "FSDP2": "(none; torch has ZeroRedundancyOptimizer)",
      "Megatron-LM": "--use-distributed-optimizer (or --use-megatron-fsdp "
                     "--data-parallel-sharding-strategy optim)"},
-    {"course": "zero2", "ZeRO": "stage 2: P_os+g",
+    {"course": "fsdp_no_reshard", "ZeRO": "closest: stage 2, P_os+g (full parameters kept)",
      "DeepSpeed": '"zero_optimization": {"stage": 2}',
      "FSDP1": "ShardingStrategy.SHARD_GRAD_OP", "FSDP2": "fully_shard(..., reshard_after_forward=False)",
      "Megatron-LM": "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads; "

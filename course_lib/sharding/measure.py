@@ -24,6 +24,7 @@ from course_lib.memory.predict import flow_bytes
 from course_lib.sharding import formulas as zero
 from course_lib.sharding.fake import measure_fake
 from course_lib.sharding.rank_measure import validate_request, make_inputs, measure_rank
+from course_lib.sharding.formulas import canonical_strategy
 from course_lib.sharding.strategies import STRATEGIES
 
 __all__ = ["measure_distributed", "compare_strategies", "memory_vs_world", "measure_rank",
@@ -78,14 +79,15 @@ def measure_distributed(model_or_config: nn.Module | GPTConfig | str, batch, *,
     ``model_or_config``: a :class:`GPTConfig` / preset name with ``batch = (batch_size,
     seq_len)`` per rank (every rank builds the GPT with the same ``seed`` and draws its own
     tokens), or an fp32 module with a tensor ``batch = (inputs, targets)`` that every rank uses.
-    ``strategy``: ``"ddp"``, ``"zero1"``, ``"zero2"`` or ``"fsdp"``; ``precision``: ``"fp32"``,
-    ``"amp"`` or, for ZeRO-2 / FSDP, ``"mixed"`` (FSDP2's bf16 ``MixedPrecisionPolicy``). Real runs go through :func:`course_lib.run`. ``fake=True`` (config only) simulates
+    ``strategy``: ``"ddp"``, ``"zero1"``, ``"fsdp_no_reshard"`` or ``"fsdp"``; ``precision``: ``"fp32"``,
+    ``"amp"`` or, for the two FSDP2 strategies, ``"mixed"`` (FSDP2's bf16 ``MixedPrecisionPolicy``). Real runs go through :func:`course_lib.run`. ``fake=True`` (config only) simulates
     every rank on fake tensors in this process and allocates nothing: for models that do not fit.
     ``ranks`` (fake only) picks which ranks to simulate (each costs one fake run). ``recompute``
     (a GPT only): ``"selective"`` or ``"full"`` activation recomputation, as chapter 1's
     :meth:`GPT.set_recompute` — FSDP + checkpointed blocks is the usual pairing.
     Raises ``ValueError``/``TypeError`` for a bad request before any process starts.
     """
+    strategy = canonical_strategy(strategy)
     validate_request(model_or_config, batch, strategy, nprocs, optimizer, precision, iterations,
                   recompute)
     kwargs = dict(strategy=strategy, optimizer=optimizer, precision=precision,
@@ -112,7 +114,7 @@ def compare_strategies(model_or_config: nn.Module | GPTConfig | str, batch, *,
     The ranks measure the strategies one after the other (a fresh model each time), which saves
     a launch per strategy. Real runs only.
     """
-    strategies = list(strategies)
+    strategies = [canonical_strategy(s) for s in strategies]
     if not strategies:
         raise ValueError("strategies must name at least one strategy")
     for strategy in strategies:

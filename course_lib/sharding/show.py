@@ -201,11 +201,11 @@ def load_fake_7b(path: Path | str = FAKE_7B_PATH) -> list[dict]:
 
 def fit_table(rows: list[dict], gpu_bytes: float = 80e9) -> str:
     """Model states, forward-moment states, peak and the verdict (peak < ``gpu_bytes``) per row."""
-    lines = [f"{'strategy':<9}{'precision':<10}{'states':>11}{'fwd→bwd':>11}{'peak':>11}  fits"]
+    lines = [f"{'strategy':<16}{'precision':<10}{'states':>11}{'fwd→bwd':>11}{'peak':>11}  fits"]
     for r in rows:
         b = r["bytes"]
         fits = "yes" if b["peak"] < gpu_bytes else "no"
-        lines.append(f"{r['strategy']:<9}{r['precision']:<10}{b['model_states'] / 1e9:>8.1f} GB"
+        lines.append(f"{r['strategy']:<16}{r['precision']:<10}{b['model_states'] / 1e9:>8.1f} GB"
                      f"{b['model_states_fwd'] / 1e9:>8.1f} GB{b['peak'] / 1e9:>8.1f} GB  {fits}")
     return "\n".join(lines)
 

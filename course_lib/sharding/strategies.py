@@ -3,11 +3,12 @@
 Chapter 03 trains the same model four ways and measures each (chapter 02 uses ``"ddp"``):
 ``"ddp"`` is DistributedDataParallel with ``gradient_as_bucket_view=True`` (gradients are views
 into its buckets); ``"zero1"`` DDP plus ZeroRedundancyOptimizer (whole parameters assigned
-greedily: unequal shares, :func:`course_lib.sharding.formulas.zero1_assignment`); ``"zero2"``
-FSDP2 ``fully_shard`` on every block and the root with ``reshard_after_forward=False``;
+greedily: unequal shares, :func:`course_lib.sharding.formulas.zero1_assignment`);
+``"fsdp_no_reshard"`` FSDP2 ``fully_shard`` on every block and the root with
+``reshard_after_forward=False`` (the old key ``"zero2"`` still works, with a DeprecationWarning);
 ``"fsdp"`` the same with ``True`` (ZeRO-3). ``precision="amp"``: bf16 compute, fp32 master
-weights (autocast for DDP and ZeRO-1, FSDP2's ``MixedPrecisionPolicy``); ``"mixed"`` (ZeRO-2,
-FSDP) is that policy read as chapter 01's mixed precision. Byte counts and the traps avoided
+weights (autocast for DDP and ZeRO-1, FSDP2's ``MixedPrecisionPolicy``); ``"mixed"`` (the FSDP2
+strategies) is that policy read as chapter 01's mixed precision. Byte counts and the traps avoided
 (FSDP1's SHARD_GRAD_OP, tied embeddings): docs/modules/sharding.md (strategies.py).
 """
 from __future__ import annotations
@@ -28,15 +29,16 @@ from course_lib.common.deprecation import renamed
 from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import (OPTIMIZER_CLASSES, default_loss, make_optimizer,
                                         validate_optimizer)
+from course_lib.sharding.formulas import RENAMED_STRATEGIES, canonical_strategy
 
 __all__ = ["STRATEGIES", "DIST_PRECISIONS", "FSDP_ONLY", "Wrapped", "validate_strategy", "shard_units", "wrap",
            "train_step", "train_rank_sharded", "full_params", "AllReduceHooks"]
 
-STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+STRATEGIES = ("ddp", "zero1", "fsdp_no_reshard", "fsdp")
 #: fp32, or "amp" (bf16 compute, fp32 master weights and gradient reduction).
 DIST_PRECISIONS = ("fp32", "amp")
 #: Strategies built on FSDP2, which also take precision="mixed" (bf16 params gathered, fp32 shards).
-FSDP_ONLY = ("zero2", "fsdp")
+FSDP_ONLY = ("fsdp_no_reshard", "fsdp")
 
 
 @dataclass
@@ -52,7 +54,9 @@ class Wrapped:
 
 
 def validate_strategy(strategy: str, precision: str = "fp32", optimizer: str = "adam") -> None:
-    """Raise a clear ``ValueError`` for an unknown strategy, precision or optimizer."""
+    """Raise a clear ``ValueError`` for an unknown strategy, precision or optimizer (an old key,
+    see :data:`~course_lib.sharding.formulas.RENAMED_STRATEGIES`, passes as its replacement)."""
+    strategy = RENAMED_STRATEGIES.get(strategy, strategy) if isinstance(strategy, str) else strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
     if precision == "mixed" and strategy not in FSDP_ONLY:
@@ -135,6 +139,7 @@ def wrap(model: nn.Module, strategy: str = "ddp", *, optimizer: str = "adam",
     optimizer. ``ddp_hooks=True`` replaces DDP by :class:`AllReduceHooks` (fake tensors only).
     Returns a :class:`Wrapped`; run steps with :func:`train_step`.
     """
+    strategy = canonical_strategy(strategy)
     validate_strategy(strategy, precision, optimizer)
     loss_fn = GPT.loss if isinstance(model, GPT) else default_loss
     autocast = torch.bfloat16 if precision == "amp" and strategy in ("ddp", "zero1") else None

@@ -76,7 +76,7 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_fake_runs_spread_over_processes_give_the_same_table():
     # two ranks of course_lib.run share the probes; fake runs are deterministic: equal to the byte
-    cfg, methods = get_config("tiny").replace(n_layer=5), ("zero2", "qlora")
+    cfg, methods = get_config("tiny").replace(n_layer=5), ("fsdp_no_reshard", "qlora")
     cache = {}
     split = plan_finetuning(cfg, n_gpus=4, seq_len=64, methods=methods, processes=2, cache=cache)
     here = plan_finetuning(cfg, n_gpus=4, seq_len=64, methods=methods, processes=1)

@@ -120,3 +120,12 @@ def test_a_layout_composed_from_a_cached_block_shape_matches_its_own_build(measu
     assert set(cached.comm) == set(fresh.comm)
     for key, (n_bytes, calls) in fresh.comm.items():
         assert cached.comm[key][1] == calls and cached.comm[key][0] == pytest.approx(n_bytes, rel=0.01)
+
+
+def test_a_table_plans_tensor_parallel_stages_after_other_meshes():
+    """DTensor caches sharding plans by meshes that compare equal across fake process groups: a
+    plan cached in an earlier layout's run sent on a destroyed group ("Could not resolve the
+    process group registered under the name 25", seen with these two layouts in a row)."""
+    layouts = [Candidate(dp_shard=2, tp=2, pp=2), Candidate(tp=2, pp=4)]
+    p = plan({**SMALL, "num_hidden_layers": 8}, gpus=8, global_batch=16, seq_len=1024, layouts=layouts)
+    assert {r.layout.tp for r in p.rows} == {2} and len(p.rows) == 2

@@ -49,7 +49,7 @@ def test_measured_model_states_equal_the_formulas_amp(no_leftover_ranks):
     results = compare_strategies(ODD, (2, 9), nprocs=2, precision="amp")
     _check_against_formulas(results, ODD, 2, "amp")
     # FSDP2's bf16 policy gathers bf16 parameters: 2 bytes each (plus padding) between fwd and bwd
-    assert results["zero2"][0]["unsharded_params"] >= 2 * param_count(ODD)
+    assert results["fsdp_no_reshard"][0]["unsharded_params"] >= 2 * param_count(ODD)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_communicated_volume_zero3_is_1_5x_ddp(even_real):
     results = even_real
     volume = {s: reports[0].info["comm"]["volume"] for s, reports in results.items()}
     psi_bytes = 4 * param_count(EVEN)
-    assert volume["ddp"] == 2 * psi_bytes and volume["zero2"] == 2 * psi_bytes
+    assert volume["ddp"] == 2 * psi_bytes and volume["fsdp_no_reshard"] == 2 * psi_bytes
     assert volume["fsdp"] / volume["ddp"] == 1.5
     assert volume["zero1"] == 3 * psi_bytes  # torch's ZeRO-1: DDP's all-reduce + a broadcast
     assert all(r.info["step_time_s"] > 0 for reports in results.values() for r in reports)
@@ -154,17 +154,17 @@ def test_notebook_exercises_solutions_pass_and_wrong_answers_fail(no_leftover_ra
     from course_lib.sharding.show import load_fake_7b
     config, n = get_config("tiny"), 4
     psi, tensors = param_count(config), len(param_shapes(config))
-    results = compare_strategies(config, (4, 32), nprocs=n, strategies=["zero2", "fsdp"])
-    fwd = results["zero2"][0]["model_states_fwd"]
+    results = compare_strategies(config, (4, 32), nprocs=n, strategies=["fsdp_no_reshard", "fsdp"])
+    fwd = results["fsdp_no_reshard"][0]["model_states_fwd"]
     assert check_number(4 * psi + 4 * psi // n + 8 * psi // n + 4 * tensors, fwd)
     assert not check_number(2 * psi + 14 * psi // n, fwd)  # the paper's fp16 formula
     sent = sum(results["fsdp"][0].info["comm"]["bytes"].values())
     assert check_number(3 * 4 * psi, sent) and not check_number(2 * 4 * psi, sent)
-    order = ["ddp", "zero1", "zero2", "fsdp"]
+    order = ["ddp", "zero1", "fsdp_no_reshard", "fsdp"]
     fits = [r["strategy"] for r in load_fake_7b() if r["precision"] == "amp"
             and r["bytes"]["peak"] < 80e9]
     expected = min(fits, key=order.index)
-    assert check_choice("zero2", expected, order) and not check_choice("zero1", expected, order)
+    assert check_choice("fsdp_no_reshard", expected, order) and not check_choice("zero1", expected, order)
 
 
 @pytest.mark.parametrize("call", [
@@ -180,5 +180,5 @@ def test_a_real_7b_run_is_refused_before_any_process_starts(call, monkeypatch):
 
 
 def test_the_memory_check_lets_small_presets_run(no_leftover_ranks):
-    reports = measure_distributed("tiny", (2, 16), strategy="zero2", nprocs=2)
+    reports = measure_distributed("tiny", (2, 16), strategy="fsdp_no_reshard", nprocs=2)
     assert [r.info["rank"] for r in reports] == [0, 1]

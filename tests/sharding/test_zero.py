@@ -57,7 +57,7 @@ def test_fsdp_rows_follow_torch_chunk():
             assert chunk * world >= dim0 and sum(rows) == dim0
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp_no_reshard", "fsdp"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_per_rank_bytes_replicated_per_rank_sharded_parts_sum_to_total(strategy, world):
     shapes = zero.param_shapes(ODD)
@@ -85,11 +85,11 @@ def test_per_rank_bytes_close_to_ideal_for_an_evenly_divisible_model():
         assert row["model_states"] - steps == zero.ideal_bytes(psi, 4)[strategy]
 
 
-def test_zero2_forward_moment_matches_the_papers_shape():
-    """ZeRO-2 between forward and backward: full params (2 B in amp) + sharded params + states."""
+def test_no_reshard_forward_moment_holds_the_gathered_parameters():
+    """fully_shard(reshard_after_forward=False) between forward and backward: full params (2 B in amp) + sharded params + states."""
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=64)
     shapes, psi = zero.param_shapes(cfg), param_count(cfg)
-    row = zero.per_rank_bytes(shapes, "zero2", 4, precision="amp")[0]
+    row = zero.per_rank_bytes(shapes, "fsdp_no_reshard", 4, precision="amp")[0]
     assert row["unsharded_params"] == 2 * psi
     assert row["model_states_fwd"] == 2 * psi + 4 * psi // 4 + 8 * psi // 4 + 4 * len(shapes)
 
@@ -99,7 +99,7 @@ def test_comm_bytes_ratios():
     shapes, psi = zero.param_shapes(cfg), param_count(cfg)
     volume = {s: sum(v * (2 if k == "all_reduce" else 1)
                      for k, v in zero.comm_bytes(shapes, s, 4).items()) for s in zero.STAGES}
-    assert volume["ddp"] == 2 * 4 * psi and volume["zero2"] == 2 * 4 * psi
+    assert volume["ddp"] == 2 * 4 * psi and volume["fsdp_no_reshard"] == 2 * 4 * psi
     assert volume["fsdp"] == 3 * 4 * psi and volume["zero1"] == 3 * 4 * psi
     assert zero.paper_comm(psi, "fsdp") / zero.paper_comm(psi, "ddp") == 1.5
     assert zero.comm_bytes(shapes, "fsdp", 1) == {}

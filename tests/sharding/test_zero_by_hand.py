@@ -21,7 +21,7 @@ TENSORS = len(zero.param_shapes(CONFIG))
 
 def _all(config):
     out = {s: train_rank_sharded(config, s, steps=3, batch=(4, 32))
-           for s in ("ddp", "zero1", "zero2")}
+           for s in ("ddp", "zero1", "fsdp_no_reshard")}
     for stage in (1, 2):
         out[stage] = train_zero_rank(ShardedOptimizer, stage, config, steps=3, batch=(4, 32))
         out[f"bytes{stage}"] = measure_zero_rank(ShardedOptimizer, stage, config, batch=(4, 32))
@@ -49,7 +49,7 @@ def test_by_hand_trains_like_ddp_and_torchs_zero(ranks, no_leftover_ranks):
     # fp32 Adam: only the order in which the ranks' gradients are summed differs (all-reduce,
     # reduce-scatter, 3 ranks), a few ulps; torch's fp32 defaults hold (see test_strategies.py)
     first = ranks[0]
-    for stage, theirs in ((1, "zero1"), (2, "zero2")):
+    for stage, theirs in ((1, "zero1"), (2, "fsdp_no_reshard")):
         for other in ("ddp", theirs):
             torch.testing.assert_close(first[stage]["params"], first[other]["params"])
         for r in ranks:  # every rank holds every updated shard after the all-gather
