@@ -162,4 +162,4 @@ def check_training_days(days: object, plan, choice: object, tokens: float = 15e1
         return Feedback(False, "not answered yet: choose your layout (`answer`) first.", name)
     expected = tokens / (row.tokens_per_s_gpu * plan.gpus) / 86400
     return check_number(days, expected, rtol=0.02, name=name, unit="days",
-                        hint="tokens / (tokens per second per GPU x GPUs), in days")
+                        hint="count every GPU of the job, and convert seconds to days")

@@ -15,7 +15,7 @@ from course_lib.deepspeed.holdings import (CATEGORIES, deepspeed_estimate, large
                                            predict_deepspeed)
 from course_lib.display import COLORS, DPI, FONT_MIN, GREY, PALETTE, WIDGET_STYLE
 from course_lib.memory.predict import bytes_per_param
-from course_lib.sharding.formulas import STAGES as TORCH_STAGES, paper_bytes, param_shapes
+from course_lib.sharding.formulas import paper_bytes, param_shapes
 from course_lib.common.plots import legible
 
 __all__ = ["memory_rows", "memory_table", "estimate_table", "stage_breakdown", "deepspeed_widget",
@@ -102,7 +102,7 @@ def memory_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"{r['stage']:>5} {_num(r['measured_backward']):>15} "
                      f"{_num(r['predicted_backward']):>10} {_num(r['measured_step']):>11} "
-                     f"{_num(r['predicted_step']):>10}   {r['torch_strategy']:>8} "
+                     f"{_num(r['predicted_step']):>10}   {r['torch_strategy']:>15} "
                      f"{r['torch_measured']:>10,} (fwd {r['torch_fwd']:,})")
     return "\n".join(lines)
 
@@ -159,14 +159,14 @@ def precision_rows(fp32: dict, bf16: dict, config: GPTConfig | str = "tiny",
     mine = bf16["ranks"][rank]
     world = mine["world_size"]
     paper = paper_bytes(psi, world, k=12)
-    by_stage = {stage: name for name, stage in TORCH_STAGES.items()}
+    paper_stage = ("ddp", "zero1", "zero2", "fsdp")  # the paper's names: its ZeRO-2 keeps whole weights
     rows = []
     for stage in sorted(k for k in mine if isinstance(k, int)):
         rows.append({"stage": stage, "world": world, "psi": psi,
                      "measured": mine[stage]["after_backward"],
                      "predicted": predict_deepspeed(shapes, stage, world, rank=rank,
                                                     moment="backward", precision="bf16"),
-                     "paper": paper[by_stage[stage]],
+                     "paper": paper[paper_stage[stage]],
                      "fp32": fp32["ranks"][rank][stage]["after_backward"]})
     return rows
 
