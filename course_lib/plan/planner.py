@@ -61,6 +61,7 @@ class Plan:
     model_flops_per_token: float
     seconds: float
     runs: int
+    stored: str | None = None  # the date a stored table was computed (course_lib.plan.stored)
 
     @property
     def best(self) -> PlanRow | None:
@@ -290,7 +291,8 @@ def plan_text(p, top: int | None = 15) -> str:
     if top is not None and len(p.rows) > top:
         lines.append(f"... {len(p.rows) - top} more layouts ({sum(r.fits for r in p.rows)} of "
                      f"{len(p.rows)} fit)")
-    lines.append(f"measured: {p.runs} fake training steps in {p.seconds:.1f} s; model FLOPs "
+    when = f"stored, computed {p.stored}" if p.stored else f"in {p.seconds:.1f} s"
+    lines.append(f"measured: {p.runs} fake training steps ({when}); model FLOPs "
                  f"{p.model_flops_per_token / 1e9:.1f} GFLOP per token (counted)")
     lines.append("assumptions:")
     lines += [f"  {key}: {value}" for key, value in p.assumptions.items()]

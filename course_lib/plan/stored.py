@@ -71,8 +71,9 @@ def save_plan(p: Plan, path: str | Path, request: dict) -> Path:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """A plan written by :func:`save_plan` (JSON only)."""
-    return plan_from_dict(json.loads(Path(path).read_text())["plan"])
+    """A plan written by :func:`save_plan` (JSON only), with the date it was computed."""
+    data = json.loads(Path(path).read_text())
+    return dataclasses.replace(plan_from_dict(data["plan"]), stored=str(data["date"]))
 
 
 def stored_plan(model: str = "llama-3.1-70b", *, gpus: int = 64, gpus_per_node: int = 8,

@@ -25,6 +25,10 @@ def test_a_plan_survives_json_and_a_file_is_never_overwritten(tmp_path):
         save_plan(p, path, {"gpus": 2})
 
 
+def test_chapter_07s_table_is_stored():
+    assert any(f.name.startswith("llama-3.1-8b_8gpu_8pn_h100-80gb_79.6gib_b16_s8192") for f in FILES)
+
+
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 def test_a_stored_table_answers_without_planning_and_is_what_the_planner_computes_now(path, monkeypatch):
     data = json.loads(path.read_text())
