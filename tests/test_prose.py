@@ -122,6 +122,12 @@ CORRECTED = {
         "not a factor of 2 either way",
     r"chapter 5 measures the\s+saving over a slow link": "chapter 05 reads overlap from a torch.profiler "
         "trace; DDP over the shaped link is measured once, in the link sweep",
+    # issue 61's audit of 03-04 (audit-0304)
+    r"less the root and a block": "FSDP's peak holds its shard plus the gathered root and block, not less",
+    r"gathered bf16 weights are freed after\s+each block": "reshard_after_forward=False keeps them "
+        "until backward; autocast's saved copy is what FSDP2 avoids (its weights are already bf16)",
+    r"rows and pads the last\b": "torch.chunk of 5 rows on 4 ranks gives 2, 2, 1, 0: more than the last "
+        "shard can be padded (torch 2.13 _fsdp_param.py: padded_sharded_size = chunks[0].size())",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it

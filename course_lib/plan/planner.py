@@ -264,11 +264,11 @@ def plan(model, *, gpus: int, gpus_per_node: int | None = None, cluster: str | C
         "scaling": "each stage measured at 2 and 3 blocks and scaled linearly to its block count; "
                    "layouts that differ only in dp_shard, dp_replicate or pp share those runs "
                    "(sharded bytes rescaled by the FSDP group's size, groups mapped)",
-        "known limits": "tensor parallelism with full activation checkpointing: the scaled peak "
-                        "was up to 21 % below a full build (a 1024-wide Llama, 6 blocks; its "
-                        "backward's temporaries grow faster than a line from 2 and 3 blocks); "
-                        "selective checkpointing up to 14 % above at 8 blocks, 0.0 % for Llama "
-                        "3.1 8B at 32",
+        "known limits": "rows with full activation checkpointing are extrapolated from a backward "
+                        "peak that is not linear in depth: up to 21 % low with TP (a 1024-wide "
+                        "Llama, 6 blocks), far too high for deep models (Llama 3.1 70B, FSDP 64: "
+                        "+2.6 GiB per block from 2 to 3 blocks, 179 GiB at 80); selective up to "
+                        "14 % high at 8 blocks, 0.0 % for Llama 3.1 8B at 32",
         "moe": "routing balanced: each rank's experts receive top_k × its tokens; ep borrows ranks "
                "from dp_shard·cp and keeps at least top_k experts per rank" if spec.moe else "dense",
         "attention": "transformers' sdpa (flash attention's memory: no S × S matrix); a sliding window "
