@@ -137,6 +137,10 @@ CORRECTED = {
         "until backward; autocast's saved copy is what FSDP2 avoids (its weights are already bf16)",
     r"rows and pads the last\b": "torch.chunk of 5 rows on 4 ranks gives 2, 2, 1, 0: more than the last "
         "shard can be padded (torch 2.13 _fsdp_param.py: padded_sharded_size = chunks[0].size())",
+    r"SyncBatchNorm`[^.]*\(GPU only\)": "torch 2.13 nn/modules/batchnorm.py: cuda, hpu, xpu and "
+        "privateuse1 inputs are accepted; only CPU raises",
+    r"Adam's update ignores a constant scale": "only up to eps: m/(sqrt(v)+eps) changes slightly "
+        "when the gradient is scaled",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
