@@ -58,6 +58,15 @@ CORRECTED = {
     r"Adam divides by its square root, turning noise":
         "torch.optim.Adam's lr·m/(√v+ε), ε = 1e-8: noise of 1e-10 moves a weight ~1 % of lr, not lr",
     r"up to ~1e-5 here": "chapter 09's output beside it prints weight differences of 5e-5",
+    # chapters 06 and 08 against torch 2.13 and DeepSpeed 0.19.8 (issue 61, item 6)
+    r"restarts start to dominate":
+        "at 100k GPUs R/M is 6.6 % while saves and lost work take √(2C/M) ≈ 18 %",
+    r"per step whatever its size":
+        "Adam's lr·m/(√v+ε), ε = 1e-8: noise far below ε moves a weight far less than lr",
+    r"`allgather_bucket_size` \(in elements\)":
+        "deepspeed/runtime/zero/stage3.py never reads allgather_bucket_size; stage 3 uses stage3_prefetch_bucket_size",
+    r"2 B of 16-bit weights per parameter on every rank":
+        "estimate_zero3_model_states_mem_needs: 4·largest layer + 18Ψ/N, no whole 16-bit copy",
     r"\(`all_to_all_single`, which has a backward":
         "dist.all_to_all_single has no autograd; torch.distributed.nn.functional's has",
     r"2 × \(rows for other ranks\)": "the return trip carries the rows received, not those sent",
@@ -128,6 +137,10 @@ CORRECTED = {
         "until backward; autocast's saved copy is what FSDP2 avoids (its weights are already bf16)",
     r"rows and pads the last\b": "torch.chunk of 5 rows on 4 ranks gives 2, 2, 1, 0: more than the last "
         "shard can be padded (torch 2.13 _fsdp_param.py: padded_sharded_size = chunks[0].size())",
+    r"SyncBatchNorm`[^.]*\(GPU only\)": "torch 2.13 nn/modules/batchnorm.py: cuda, hpu, xpu and "
+        "privateuse1 inputs are accepted; only CPU raises",
+    r"Adam's update ignores a constant scale": "only up to eps: m/(sqrt(v)+eps) changes slightly "
+        "when the gradient is scaled",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
