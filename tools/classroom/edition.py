@@ -106,6 +106,8 @@ def student_notebook(nb: dict, chapter: str) -> tuple[dict, str]:
     bodies = set().union(*(s[1] for s in signatures))
     out, hidden, cleared = [], [], 0
     for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown" and SOLUTION_BLOCK.search(_source(cell)):
+            solution_cells.add(i)  # also a solution to a cell no check_* grades (12's train.py)
         if i in solution_cells:  # the block goes; what follows it in the cell (navigation) stays
             rest = SOLUTION_BLOCK.sub("", _source(cell)).strip()
             if not rest:
