@@ -141,6 +141,16 @@ CORRECTED = {
         "privateuse1 inputs are accepted; only CPU raises",
     r"Adam's update ignores a constant scale": "only up to eps: m/(sqrt(v)+eps) changes slightly "
         "when the gradient is scaled",
+    # chapters 05 and 07 against torch 2.13, nccl-tests and bitsandbytes (issue 61, item 6)
+    r"runs the same loop \(more repeats, a median\)":
+        "bench_rank times at most 20 calls (fewer for big sizes) and averages the ranks' means: no median",
+    r"Each rank sends about `2S`": "2(p-1)/p·S: S at p = 2, 1.5·S at p = 4, under 2S for any p",
+    r"must reach exactly the parameters of one": "the two-node check is torch.allclose(atol=1e-6): sums in another order",
+    r"needs every layer's input to pass gradients down":
+        "a frozen linear's input gradient needs its weight only; the adapters' A keeps the input",
+    r"activations grow about eightfold, past 80 GB": "the planner prints activations 72.4 GB, peak 89.2 GB",
+    r"LayerNorm, softmax and GELU keep their inputs":
+        "softmax's backward uses its output (torch/_decomp/decompositions.py _softmax_backward_data)",
 }
 
 #: term → the chapter (notebook prefix) that first uses and defines it
