@@ -96,14 +96,9 @@ def check_sbatch(text: str, nnodes: int, gpus_per_node: int, args: list[str], *,
                  "one rank per GPU of the node.", "ranks"),
         _endpoint(flags.get("rdzv-endpoint"), SLURM_HEAD),
     ]
-    problems = [p for p in problems if p]
-    if problems:
-        return Feedback(False, " ".join(problems[:2]), name)
-    if text != reference("sbatch", nnodes, gpus_per_node, args):
-        return Feedback(False, "the values are right but the file differs elsewhere: run the "
-                        "template cell again and fill only the gaps.", name)
-    return Feedback(True, f"{nnodes} agents, one per node, each starting {gpus_per_node} ranks, "
-                    "all meeting at the first node.", name)
+    return _verdict(problems, text == reference("sbatch", nnodes, gpus_per_node, args),
+                    f"{nnodes} agents, one per node, each starting {gpus_per_node} ranks, all "
+                    "meeting at the first node.", name)
 
 
 def check_trainjob(text: str, nnodes: int, gpus_per_node: int, args: list[str], *,
@@ -128,14 +123,20 @@ def check_trainjob(text: str, nnodes: int, gpus_per_node: int, args: list[str], 
                  "one rank per GPU of the node.", "ranks"),
         _endpoint(flags.get("rdzv-endpoint"), K8S_HEAD),
     ]
+    return _verdict(problems, text == reference("trainjob", nnodes, gpus_per_node, args),
+                    f"{nnodes} pods, each an agent starting {gpus_per_node} ranks, all meeting at "
+                    "the first pod.", name)
+
+
+def _verdict(problems: list, as_reference: bool, passed: str, name: str) -> Feedback:
+    """The first two problems found; else whether the file is the reference's, byte for byte."""
     problems = [p for p in problems if p]
     if problems:
         return Feedback(False, " ".join(problems[:2]), name)
-    if text != reference("trainjob", nnodes, gpus_per_node, args):
+    if not as_reference:
         return Feedback(False, "the values are right but the file differs elsewhere: run the "
                         "template cell again and fill only the gaps.", name)
-    return Feedback(True, f"{nnodes} pods, each an agent starting {gpus_per_node} ranks, all "
-                    "meeting at the first pod.", name)
+    return Feedback(True, passed, name)
 
 
 _TRAIN_GAP = re.compile(r"^\s*\.\.\.\s+# GAP (\w+):", re.M)
