@@ -3,8 +3,8 @@
 :func:`plan` reads a config (:mod:`course_lib.plan.models`), lists every layout of the GPU count
 (:mod:`course_lib.plan.layouts`) and, per layout, runs one fake training step of its busiest
 ranks (:mod:`course_lib.plan.fake_step`: the first pipeline stage and, with ``pp > 1``, the last)
-at two depths of the stage, scaled to its layer count (every block adds the same tensors; checked
-against a full build in ``tests/plan``). Activation checkpointing is tried in the order none,
+at three and four blocks, scaled to its layer count (from three blocks on, every block adds the
+same bytes to each phase's peak; equal to a full build in ``tests/plan``). Activation checkpointing is tried in the order none,
 selective, full, until the layout fits: a lighter mode that fits is always faster, so the heavier
 ones are not run. The step time comes from :mod:`course_lib.plan.predict`. The answer is a
 :class:`Plan` whose rows are sorted best first (fits, then tokens/s per GPU) and whose
@@ -12,7 +12,9 @@ ones are not run. The step time comes from :mod:`course_lib.plan.predict`. The a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
 from typing import Callable
 
@@ -76,6 +78,23 @@ _CACHE: dict = {}
 _CACHE_SIZE = 512
 _MEASURED = [0]  # fake steps run in this process
 MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
+#: the two depths a stage is measured at before scaling to its block count: from three blocks on,
+#: every phase's peak grows by the same bytes per block (with two, full checkpointing's backward
+#: peak still sits at the loss for some layouts); deeper stages are scaled, shallower built whole
+SCALE_DEPTHS = (3, 4)
+
+
+@contextlib.contextmanager
+def _frozen_heap():
+    """Python's collector skips the objects alive before the fake steps (torch, transformers):
+    a collection inside a step then scans only the step's own objects (a fifth of a 70B step's
+    time went to scanning the rest)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def clear_cache() -> None:
@@ -159,11 +178,11 @@ def _runs(config, c: Candidate, spec: ModelSpec, *, first: bool, last: bool, mic
     kw = dict(first=first, last=last, micro_batch=micro_batch, seq_len=seq_len,
               experts=spec.experts if spec.moe else None)
     before = _MEASURED[0]
-    if depth is not None or layers <= 3:  # a full build
+    if depth is not None or layers <= SCALE_DEPTHS[1]:  # a full build
         run = _stage(config, c, depth=layers, **kw)
     else:
-        a, b = _stage(config, c, depth=2, **kw), _stage(config, c, depth=3, **kw)
-        run = a.scaled(b, layers - 2)
+        a, b = (_stage(config, c, depth=d, **kw) for d in SCALE_DEPTHS)
+        run = a.scaled(b, layers - SCALE_DEPTHS[0])
     return run.with_stash(in_flight), _MEASURED[0] - before
 
 
@@ -226,27 +245,28 @@ def plan(model, *, gpus: int, gpus_per_node: int | None = None, cluster: str | C
         layouts = [c for c in enumerate_layouts(gpus, cluster.gpus_per_node, spec, global_batch,
                                                 seq_len, ac_modes=("none",))]
     usable = (cluster.memory_gib - reserved_gib) * GiB
-    flops_token, runs = _model_flops_per_token(config, spec, seq_len)
-    rows = []
-    for i, first in enumerate(layouts):
-        if progress:
-            progress(i, len(layouts), first.label)
-        modes = AC_MODES[AC_MODES.index(first.ac):]
-        for ac in modes:
-            c = dataclasses.replace(first, ac=ac)
-            run, m, n = measure_layout(config, c, spec, global_batch, seq_len)
-            runs += n
-            fits = run.peak * (1 + fragmentation) <= usable
-            if fits or ac == modes[-1]:
-                break
-        local = global_batch // c.dp
-        micro = local if c.pp == 1 else 1
-        flops = run.flops * m + run.attention_flops * m * (c.cp - 1)
-        t = step_time(c, spec, cluster, flops=flops, comm=run.comm, micro_batch=micro,
-                      seq_len=seq_len, microbatches=m, efficiency=efficiency)
-        tps = global_batch * seq_len / t.total / gpus
-        rows.append(PlanRow(c, fits, run.peak / GiB, run.peak * (1 + fragmentation) / GiB, tps, flops_token * tps / (cluster.peak_tflops * 1e12),
-                            t, m))
+    with _frozen_heap():
+        flops_token, runs = _model_flops_per_token(config, spec, seq_len)
+        rows = []
+        for i, first in enumerate(layouts):
+            if progress:
+                progress(i, len(layouts), first.label)
+            modes = AC_MODES[AC_MODES.index(first.ac):]
+            for ac in modes:
+                c = dataclasses.replace(first, ac=ac)
+                run, m, n = measure_layout(config, c, spec, global_batch, seq_len)
+                runs += n
+                fits = run.peak * (1 + fragmentation) <= usable
+                if fits or ac == modes[-1]:
+                    break
+            local = global_batch // c.dp
+            micro = local if c.pp == 1 else 1
+            flops = run.flops * m + run.attention_flops * m * (c.cp - 1)
+            t = step_time(c, spec, cluster, flops=flops, comm=run.comm, micro_batch=micro,
+                          seq_len=seq_len, microbatches=m, efficiency=efficiency)
+            tps = global_batch * seq_len / t.total / gpus
+            rows.append(PlanRow(c, fits, run.peak / GiB, run.peak * (1 + fragmentation) / GiB, tps, flops_token * tps / (cluster.peak_tflops * 1e12),
+                                t, m))
     rows.sort(key=lambda r: (not r.fits, -r.tokens_per_s_gpu))
     assumptions = {
         "precision": "bf16 compute, fp32 master weights, fp32 AdamW moments, gradients reduced in fp32 "
@@ -261,14 +281,10 @@ def plan(model, *, gpus: int, gpus_per_node: int | None = None, cluster: str | C
         "overlap": "FSDP/HSDP and the CP ring hidden behind compute; TP, EP all-to-all and pipeline "
                    "sends exposed; 1F1B bubble (pp - 1)/microbatches",
         "pipeline": "microbatches of one sequence; FSDP reshards after forward in every layout",
-        "scaling": "each stage measured at 2 and 3 blocks and scaled linearly to its block count; "
+        "scaling": f"each stage measured at {SCALE_DEPTHS[0]} and {SCALE_DEPTHS[1]} blocks and scaled "
+                   "linearly to its block count (equal to a full build to the byte: tests/plan); "
                    "layouts that differ only in dp_shard, dp_replicate or pp share those runs "
                    "(sharded bytes rescaled by the FSDP group's size, groups mapped)",
-        "known limits": "rows with full activation checkpointing are extrapolated from a backward "
-                        "peak that is not linear in depth: up to 21 % low with TP (a 1024-wide "
-                        "Llama, 6 blocks), far too high for deep models (Llama 3.1 70B, FSDP 64: "
-                        "+2.6 GiB per block from 2 to 3 blocks, 179 GiB at 80); selective up to "
-                        "14 % high at 8 blocks, 0.0 % for Llama 3.1 8B at 32",
         "moe": "routing balanced: each rank's experts receive top_k × its tokens; ep borrows ranks "
                "from dp_shard·cp and keeps at least top_k experts per rank" if spec.moe else "dense",
         "attention": "transformers' sdpa (flash attention's memory: no S × S matrix); a sliding window "
