@@ -12,6 +12,7 @@ matmuls told how), ``CommCounter`` the bytes per process group. Nothing is timed
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -33,7 +34,8 @@ from course_lib.sharding.comm_counter import CommCounter
 from course_lib.sharding.fake import fake_process_group
 from course_lib.sharding.rank_measure import FSDPTracker
 
-__all__ = ["StageRun", "run_stage", "ATTENTION_OPS", "forget_meshes"]
+__all__ = ["StageRun", "StepPeaks", "run_stage", "wrap_stage", "tracked_step", "layout_mesh",
+           "ATTENTION_OPS", "forget_meshes"]
 
 _SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
 _SHARDED_NAMES = {str(k.value) for k in _SHARDED}
@@ -218,7 +220,7 @@ def forget_meshes() -> None:
     _redistribute.clear_redistribute_planner_cache()
 
 
-def _mesh(c: Candidate, experts: bool):
+def layout_mesh(c: Candidate, experts: bool):
     """The rank's mesh, its FSDP mesh ``dp_replicate × (dp_shard·cp)`` and the experts' one."""
     mesh = init_device_mesh("cpu", (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp),
                             mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep", "tp"))
@@ -235,41 +237,20 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
     forget_meshes()
     with fake_process_group(0, c.world), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mesh, dp_mesh, expert_mesh = _mesh(c, experts is not None and c.ep > 1)
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        meshes = layout_mesh(c, experts is not None and c.ep > 1)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         with mode:
             model = build_stage(config, depth, first=first, last=last,
                                 experts=None if experts is None else experts // c.ep, seq_len=seq_len)
         # wrapped outside the mode: FSDP2 × TP builds a mesh, which fails on fake tensors
-        if c.tp > 1:
-            _apply_tp(model, config, mesh["tp"])
-        layers = model.model.layers
-        if c.ac != "none":
-            _apply_ac(layers, c.ac)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        reshard = True  # also with pp: see the module's docstring
-        for layer in layers:
-            if expert_mesh is not None:
-                for e in _experts(layer):
-                    fully_shard(e, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard)
-            fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        wrap_stage(model, config, c, *meshes)
         with mode:
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
             ids = torch.randint(0, config.vocab_size, (micro_batch, tokens))
             x = None if first else torch.randn(micro_batch, tokens, config.hidden_size,
                                                dtype=torch.bfloat16, requires_grad=True)
-            tracker = FSDPTracker(model, opt)
-            tracker.track_inputs((ids,) if x is None else (ids, x))
             counter, flops = _GroupCounter(), _TotalFlops(display=False, custom_mapping=_FLOPS)
-            with tracker:
-                _make_states(model, opt, tracker)  # Adam's moments exist, as in every step after the first
-                tracker.reset_mod_stats()
-                _reset_peak(tracker)
-                with counter, flops:
-                    act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
-            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+            step = tracked_step(model, ids, x, last=last, modes=(counter, flops))
+    peak = step.peak
     comm = defaultdict(lambda: (0, 0))
     for (kind, size, _), ranks in zip(counter.calls, counter.groups):
         if len(ranks) > 1:
@@ -278,14 +259,68 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
     counts = flops.get_flop_counts().get("Global", {})
     attention = sum(v for op, v in counts.items() if op in (o.overloadpacket for o in ATTENTION_OPS))
     categories = {str(getattr(k, "value", k)): v for k, v in peak.items()}
-    stash = (in_flight - 1) * act  # 1F1B: the other microbatches' stashes
-    phases = {"forward": forward + stash, "backward": peak["Total"] + stash}
+    stash = (in_flight - 1) * step.act  # 1F1B: the other microbatches' stashes
+    phases = {"forward": step.forward + stash, "backward": peak["Total"] + stash}
     return StageRun(peak=max(phases.values()), phases=phases,
                     sharded=sum(peak.get(k, 0) for k in _SHARDED),
                     flops=float(flops.get_total_flops()), attention_flops=float(attention),
                     comm=dict(comm), categories=categories,
-                    sharded_phases={"forward": forward_sharded,
-                                    "backward": sum(peak.get(k, 0) for k in _SHARDED)}, act=act)
+                    sharded_phases={"forward": step.forward_sharded,
+                                    "backward": sum(peak.get(k, 0) for k in _SHARDED)}, act=step.act)
+
+
+def wrap_stage(model, config, c: Candidate, mesh, dp_mesh, expert_mesh=None):
+    """Layout ``c``'s wrapping of ``model`` (:func:`build_stage`'s) on :func:`layout_mesh`'s
+    meshes, in torchtitan's order: ``parallelize_module`` with the model's TP plan,
+    ``checkpoint_wrapper`` per block (``c.ac``), ``fully_shard`` per block (a MoE's experts
+    first, over ``expert_mesh``) and at the root with bf16 compute and fp32 reduction, resharding
+    after the forward. The fake step and the real ranks (:mod:`course_lib.plan.real`) both call it."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if c.tp > 1:
+        _apply_tp(model, config, mesh["tp"])
+    layers = model.model.layers
+    if c.ac != "none":
+        _apply_ac(layers, c.ac)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reshard = True  # also with pp: see the module's docstring
+    for layer in layers:
+        if expert_mesh is not None:
+            for e in _experts(layer):
+                fully_shard(e, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return model
+
+
+@dataclasses.dataclass
+class StepPeaks:
+    """What :func:`tracked_step` measured: the tracker's categories at the backward's peak
+    (``peak["Total"]``), the forward's peak, the sharded bytes at it, the activations after it."""
+
+    peak: dict
+    forward: int
+    forward_sharded: int
+    act: int
+
+
+def tracked_step(model, ids, x=None, *, last: bool = True, modes=()) -> StepPeaks:
+    """AdamW (``foreach=False``) on ``model``, its moments made as its first step makes them,
+    then one training step on ``ids`` (or the hidden state ``x`` a later stage receives) tracked
+    by chapter 03's ``FSDPTracker``; ``modes`` (dispatch modes: counters) are on for the step.
+    Runs on whatever tensors it is given: fake (:func:`run_stage`) or real."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    tracker = FSDPTracker(model, opt)
+    tracker.track_inputs((ids,) if x is None else (ids, x))
+    with tracker:
+        _make_states(model, opt, tracker)  # Adam's moments exist, as in every step after the first
+        tracker.reset_mod_stats()
+        _reset_peak(tracker)
+        with contextlib.ExitStack() as stack:
+            for m in modes:
+                stack.enter_context(m)
+            act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
+    return StepPeaks(tracker.get_tracker_snapshot("peak")[torch.device("cpu")], forward,
+                     forward_sharded, act)
 
 
 def _reset_peak(tracker) -> None:

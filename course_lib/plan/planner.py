@@ -103,7 +103,7 @@ def clear_cache() -> None:
 
 
 def _mesh_sizes(c: Candidate) -> tuple[int, ...]:
-    """The fake step's mesh (:func:`course_lib.plan.fake_step._mesh`), outermost first."""
+    """The fake step's mesh (:func:`course_lib.plan.fake_step.layout_mesh`), outermost first."""
     return (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp)
 
 
