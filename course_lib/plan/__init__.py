@@ -4,6 +4,7 @@
 fake tensors with transformers' model code and torch's FSDP2/TP APIs, its speed predicted from
 counted FLOPs and chapter 05's α-β model; ``python -m course_lib.plan`` prints the same table.
 ``plan_course(layout)`` plans the course GPT with chapter 12's recipe, each rank's peak checked
-against real ranks. Modules: models, clusters, layouts, fake_step, predict, planner, course,
-show, exercises.
+against real ranks; ``measure_real`` runs a planner layout of a small real architecture on CPU
+ranks, to check the plan on your own machine. Modules: models, clusters, layouts, recipe,
+fake_step, predict, planner, course, real, show, exercises.
 """

@@ -26,7 +26,7 @@ from course_lib.common.models import GPT, GPTConfig, get_config
 from course_lib.common.training import make_optimizer
 from course_lib.memory.report import categorize, format_bytes
 from course_lib.memory.tracker import GlobalMemTracker
-from course_lib.plan.fake_step import forget_meshes
+from course_lib.plan.recipe import forget_meshes
 from course_lib.sharding.fake import fake_process_group
 from course_lib.tensor_parallel.layers import dtensor_block
 

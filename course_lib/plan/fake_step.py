@@ -1,18 +1,16 @@
 """One training step of one rank of a layout, on fake tensors under torch's fake process group.
 
 Chapter 03's method (:mod:`course_lib.sharding.fake`) on transformers' model
-(:func:`course_lib.plan.models.build_stage`), wrapped with torch's APIs in torchtitan's order:
-``parallelize_module`` with the model's TP plan (``lm_head`` column-wise, output gathered),
-``checkpoint_wrapper`` per block (selective: torchtitan's op policy), ``fully_shard`` per block
-and at the root over ``dp_replicate × (dp_shard·cp)`` (bf16 compute, fp32 master weights and
-reduction; a MoE's experts over the ranks ``ep`` leaves). A pipeline stage adds 1F1B's stash:
+(:func:`course_lib.plan.models.build_stage`) with the layout's recipe
+(:mod:`course_lib.plan.recipe`: the TP plan, activation checkpointing, ``fully_shard`` with bf16
+compute and fp32 master weights, AdamW's moments, one tracked step), the same code the check on
+real ranks runs (:mod:`course_lib.plan.real`). A pipeline stage adds 1F1B's stash:
 ``in_flight - 1`` more microbatches' activations. Chapter 01/03's tracker takes the peak of the
 forward and of the backward, ``FlopCounterMode`` counts FLOPs (attention and grouped expert
 matmuls told how), ``CommCounter`` the bytes per process group. Nothing is timed.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -22,27 +20,23 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.plan.layouts import Candidate
-from course_lib.plan.models import build_stage
+from course_lib.plan.models import build_stage, unpacked_rows
+from course_lib.plan.recipe import (ATTENTION_OPS, SHARDED, forget_meshes, layout_mesh, tracked_step,
+                                    wrap_stage)
 from course_lib.sharding.comm_counter import CommCounter
 from course_lib.sharding.fake import fake_process_group
-from course_lib.sharding.rank_measure import FSDPTracker
 
-__all__ = ["StageRun", "StepPeaks", "run_stage", "wrap_stage", "tracked_step", "layout_mesh",
-           "ATTENTION_OPS", "forget_meshes"]
+# ATTENTION_OPS and forget_meshes live in recipe.py; named here too, where they were first
+__all__ = ["StageRun", "run_stage", "ATTENTION_OPS", "forget_meshes"]
 
-_SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
-_SHARDED_NAMES = {str(k.value) for k in _SHARDED}
+_SHARDED_NAMES = {str(k.value) for k in SHARDED}
 aten = torch.ops.aten
-#: the attention kernels whose FLOPs torch's counter needs told (CPU flash attention under fake)
-ATTENTION_OPS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
-                 aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 
 
 @dataclasses.dataclass
@@ -112,51 +106,6 @@ _FLOPS = {ATTENTION_OPS[0].overloadpacket: _sdpa_fwd, ATTENTION_OPS[1].overloadp
           aten._grouped_mm: _grouped_mm}
 
 
-def _selective_policy():
-    """torchtitan's selective op AC: save matmul, attention and reduce-scatter outputs, but
-    recompute every second matmul."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-    save = {aten.mm.default, aten._grouped_mm.default, *ATTENTION_OPS[:1], aten.max.default,
-            torch.ops._c10d_functional.reduce_scatter_tensor.default}
-
-    def policy(ctx, func, *args, **kwargs):
-        key = "recompute" if ctx.is_recompute else "forward"
-        if func in (aten.mm.default, aten._grouped_mm.default):
-            counts = policy.counts
-            counts[key] = counts.get(key, 0) + 1
-            if counts[key] % 2 == 0:
-                return CheckpointPolicy.PREFER_RECOMPUTE
-        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    policy.counts = {}
-    return lambda: create_selective_checkpoint_contexts(policy)
-
-
-def _apply_ac(layers, mode: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    for i, layer in enumerate(layers):
-        kwargs = {"context_fn": _selective_policy()} if mode == "selective" else {}
-        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False, **kwargs)
-
-
-def _apply_tp(model, config, mesh) -> None:
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {k: styles[v]() for k, v in (getattr(config, "base_model_tp_plan", None) or {}).items()
-            if v in styles}
-    if not plan:
-        raise ValueError(f"model_type {config.model_type!r} has no column/row-wise TP plan in "
-                         "transformers (config.base_model_tp_plan): plan it with tp = 1")
-    parallelize_module(model.model, mesh, plan)
-    if isinstance(model.lm_head, torch.nn.Linear):
-        parallelize_module(model.lm_head, mesh, ColwiseParallel(output_layouts=Replicate()))
-
-
-def _experts(layer):
-    return [m for m in layer.modules() if type(m).__name__.endswith("Experts")]
-
-
 class _NoModules:
     """Stands in for ``FlopCounterMode``'s ``ModuleTracker``: every FLOP counts under "Global" only."""
 
@@ -183,6 +132,28 @@ class _TotalFlops(FlopCounterMode):
         super().__init__(**kwargs)
         self.mod_tracker = _NoModules()
 
+    def __enter__(self):
+        self.flop_counts.clear()
+        self.mode = _CountAsRun(self)
+        self.mode.__enter__()
+        return self
+
+
+class _CountAsRun(TorchDispatchMode):
+    """Counts each op's FLOPs with torch's formulas, running the op itself. torch's own mode runs
+    an op without a formula through its decomposition instead: ``silu_backward`` (SwiGLU's)
+    then made temporaries the fused kernel does not, +2,023,424 B (+5.7 %) in the backward of a
+    small Llama with FSDP 4 and full checkpointing against real ranks (tests/plan/test_real_llama.py)."""
+
+    def __init__(self, counter: FlopCounterMode) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
+
 
 class _GroupCounter(CommCounter):
     """Chapter 03's counter; each call also notes the global ranks of its process group."""
@@ -208,26 +179,6 @@ class _GroupCounter(CommCounter):
         return out
 
 
-def forget_meshes() -> None:
-    """Clear DTensor's plan caches: keyed by meshes equal across fake process groups, an earlier
-    run's plan would send on a destroyed group ("Could not resolve the process group")."""
-    from torch.distributed.tensor import DTensor, _redistribute
-    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own
-    prop = DTensor._op_dispatcher.sharding_propagator
-    prop.propagate_op_sharding.cache_clear()
-    prop._propagate_tensor_meta_cached.cache_clear()
-    _redistribute._gen_transform_infos.cache_clear()
-    _redistribute.clear_redistribute_planner_cache()
-
-
-def layout_mesh(c: Candidate, experts: bool):
-    """The rank's mesh, its FSDP mesh ``dp_replicate × (dp_shard·cp)`` and the experts' one."""
-    mesh = init_device_mesh("cpu", (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp),
-                            mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep", "tp"))
-    mesh["efsdp", "ep"]._flatten("dp_shard_cp")
-    return mesh, mesh["dp_replicate", "dp_shard_cp"], mesh["dp_replicate", "efsdp"] if experts else None
-
-
 def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micro_batch: int,
               seq_len: int, in_flight: int, experts: int | None = None) -> StageRun:
     """One fake step of a rank holding ``depth`` blocks of the stage (``first``/``last``) of
@@ -249,7 +200,8 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
             x = None if first else torch.randn(micro_batch, tokens, config.hidden_size,
                                                dtype=torch.bfloat16, requires_grad=True)
             counter, flops = _GroupCounter(), _TotalFlops(display=False, custom_mapping=_FLOPS)
-            step = tracked_step(model, ids, x, last=last, modes=(counter, flops))
+            with unpacked_rows():  # as transformers finds on real tensors
+                step = tracked_step(model, ids, x, last=last, modes=(counter, flops))
     peak = step.peak
     comm = defaultdict(lambda: (0, 0))
     for (kind, size, _), ranks in zip(counter.calls, counter.groups):
@@ -262,100 +214,10 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
     stash = (in_flight - 1) * step.act  # 1F1B: the other microbatches' stashes
     phases = {"forward": step.forward + stash, "backward": peak["Total"] + stash}
     return StageRun(peak=max(phases.values()), phases=phases,
-                    sharded=sum(peak.get(k, 0) for k in _SHARDED),
+                    sharded=sum(peak.get(k, 0) for k in SHARDED),
                     flops=float(flops.get_total_flops()), attention_flops=float(attention),
                     comm=dict(comm), categories=categories,
                     sharded_phases={"forward": step.forward_sharded,
-                                    "backward": sum(peak.get(k, 0) for k in _SHARDED)}, act=step.act)
+                                    "backward": sum(peak.get(k, 0) for k in SHARDED)}, act=step.act)
 
 
-def wrap_stage(model, config, c: Candidate, mesh, dp_mesh, expert_mesh=None):
-    """Layout ``c``'s wrapping of ``model`` (:func:`build_stage`'s) on :func:`layout_mesh`'s
-    meshes, in torchtitan's order: ``parallelize_module`` with the model's TP plan,
-    ``checkpoint_wrapper`` per block (``c.ac``), ``fully_shard`` per block (a MoE's experts
-    first, over ``expert_mesh``) and at the root with bf16 compute and fp32 reduction, resharding
-    after the forward. The fake step and the real ranks (:mod:`course_lib.plan.real`) both call it."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    if c.tp > 1:
-        _apply_tp(model, config, mesh["tp"])
-    layers = model.model.layers
-    if c.ac != "none":
-        _apply_ac(layers, c.ac)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    reshard = True  # also with pp: see the module's docstring
-    for layer in layers:
-        if expert_mesh is not None:
-            for e in _experts(layer):
-                fully_shard(e, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    return model
-
-
-@dataclasses.dataclass
-class StepPeaks:
-    """What :func:`tracked_step` measured: the tracker's categories at the backward's peak
-    (``peak["Total"]``), the forward's peak, the sharded bytes at it, the activations after it."""
-
-    peak: dict
-    forward: int
-    forward_sharded: int
-    act: int
-
-
-def tracked_step(model, ids, x=None, *, last: bool = True, modes=()) -> StepPeaks:
-    """AdamW (``foreach=False``) on ``model``, its moments made as its first step makes them,
-    then one training step on ``ids`` (or the hidden state ``x`` a later stage receives) tracked
-    by chapter 03's ``FSDPTracker``; ``modes`` (dispatch modes: counters) are on for the step.
-    Runs on whatever tensors it is given: fake (:func:`run_stage`) or real."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    tracker = FSDPTracker(model, opt)
-    tracker.track_inputs((ids,) if x is None else (ids, x))
-    with tracker:
-        _make_states(model, opt, tracker)  # Adam's moments exist, as in every step after the first
-        tracker.reset_mod_stats()
-        _reset_peak(tracker)
-        with contextlib.ExitStack() as stack:
-            for m in modes:
-                stack.enter_context(m)
-            act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
-    return StepPeaks(tracker.get_tracker_snapshot("peak")[torch.device("cpu")], forward,
-                     forward_sharded, act)
-
-
-def _reset_peak(tracker) -> None:
-    """Start a new peak (``MemTracker`` keeps one per device in ``_peak_mem``, as GlobalMemTracker reads it)."""
-    for dev in tracker._peak_mem:
-        tracker._peak_mem[dev] = 0
-
-
-def _make_states(model, opt, tracker) -> None:
-    """AdamW's moments, made as its first step makes them (``_init_group``: a CPU ``step`` and two
-    zero tensors like each parameter) without running that step, and tagged as optimizer states."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            opt.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32, device="cpu"),
-                            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
-    tracker._track_optimizer_states(_FSDPRefType.OPT, opt)
-
-
-def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, int]:
-    """Forward, backward, optimizer step; returns the activation bytes held after the forward,
-    the forward's peak and the sharded bytes at it (the tracker's peak is the backward's after it)."""
-    kwargs = {"input_ids": ids} if x is None else {"inputs_embeds": x}
-    if last:
-        out = model(**kwargs, labels=ids).loss
-    else:
-        out = model(**kwargs).logits  # lm_head is an Identity: the hidden state sent on
-    act = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.ACT, 0)
-    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    forward, sharded = snap["Total"], sum(snap.get(k, 0) for k in _SHARDED)
-    _reset_peak(tracker)  # the backward's own peak from here
-    if out.dim() == 0:
-        out.backward()
-    else:
-        out.backward(torch.ones_like(out))
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return act, forward, sharded

@@ -1,0 +1,191 @@
+"""One rank's training recipe for a planner layout, on whatever tensors it is given: fake or real.
+
+The planner's fake step (:mod:`course_lib.plan.fake_step`) and the check on real CPU ranks
+(:mod:`course_lib.plan.real`) run the same code, from here: :func:`layout_mesh` (torchtitan's
+mesh ``pp × dp_replicate × (dp_shard·cp) × tp``, the experts' sharding inside ``dp_shard·cp``),
+:func:`wrap_stage` (``parallelize_module`` with the model's TP plan, ``lm_head`` column-wise with
+its output gathered; ``checkpoint_wrapper`` per block, selective: torchtitan's op policy;
+``fully_shard`` per block and at the root over ``dp_replicate × (dp_shard·cp)``, bf16 compute,
+fp32 master weights and reduction, a MoE's experts over the ranks ``ep`` leaves) and
+:func:`tracked_step` (AdamW with its moments made up front, one step under chapter 03's tracker:
+the peak of the forward and of the backward + optimizer step).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+from torch.distributed.device_mesh import init_device_mesh
+
+from course_lib.plan.layouts import Candidate
+from course_lib.sharding.rank_measure import FSDPTracker
+
+__all__ = ["ATTENTION_OPS", "SHARDED", "StepPeaks", "layout_mesh", "wrap_stage", "tracked_step",
+           "forget_meshes"]
+
+aten = torch.ops.aten
+#: the attention kernels (CPU flash attention): selective checkpointing saves the forward's output;
+#: the fake step's FLOP counter is told how to count both
+ATTENTION_OPS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
+                 aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+#: the tracker's categories of sharded model state: parameters, gradients, optimizer states
+SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
+
+
+def _selective_policy():
+    """torchtitan's selective op AC: save matmul, attention and reduce-scatter outputs, but
+    recompute every second matmul."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    save = {aten.mm.default, aten._grouped_mm.default, *ATTENTION_OPS[:1], aten.max.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default}
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func in (aten.mm.default, aten._grouped_mm.default):
+            counts = policy.counts
+            counts[key] = counts.get(key, 0) + 1
+            if counts[key] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    policy.counts = {}
+    return lambda: create_selective_checkpoint_contexts(policy)
+
+
+def _apply_ac(layers, mode: str) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    for i, layer in enumerate(layers):
+        kwargs = {"context_fn": _selective_policy()} if mode == "selective" else {}
+        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False, **kwargs)
+
+
+def _apply_tp(model, config, mesh) -> None:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {k: styles[v]() for k, v in (getattr(config, "base_model_tp_plan", None) or {}).items()
+            if v in styles}
+    if not plan:
+        raise ValueError(f"model_type {config.model_type!r} has no column/row-wise TP plan in "
+                         "transformers (config.base_model_tp_plan): plan it with tp = 1")
+    parallelize_module(model.model, mesh, plan)
+    if isinstance(model.lm_head, torch.nn.Linear):
+        parallelize_module(model.lm_head, mesh, ColwiseParallel(output_layouts=Replicate()))
+
+
+def _experts(layer):
+    return [m for m in layer.modules() if type(m).__name__.endswith("Experts")]
+
+
+def forget_meshes() -> None:
+    """Clear DTensor's plan caches: keyed by meshes equal across fake process groups, an earlier
+    run's plan would send on a destroyed group ("Could not resolve the process group")."""
+    from torch.distributed.tensor import DTensor, _redistribute
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own
+    prop = DTensor._op_dispatcher.sharding_propagator
+    prop.propagate_op_sharding.cache_clear()
+    prop._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+
+
+def layout_mesh(c: Candidate, experts: bool):
+    """The rank's mesh, its FSDP mesh ``dp_replicate × (dp_shard·cp)`` and the experts' one."""
+    mesh = init_device_mesh("cpu", (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp),
+                            mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep", "tp"))
+    mesh["efsdp", "ep"]._flatten("dp_shard_cp")
+    return mesh, mesh["dp_replicate", "dp_shard_cp"], mesh["dp_replicate", "efsdp"] if experts else None
+
+
+def wrap_stage(model, config, c: Candidate, mesh, dp_mesh, expert_mesh=None):
+    """Layout ``c``'s wrapping of ``model`` (:func:`build_stage`'s) on :func:`layout_mesh`'s
+    meshes, in torchtitan's order: ``parallelize_module`` with the model's TP plan,
+    ``checkpoint_wrapper`` per block (``c.ac``), ``fully_shard`` per block (a MoE's experts
+    first, over ``expert_mesh``) and at the root with bf16 compute and fp32 reduction, resharding
+    after the forward. The fake step and the real ranks (:mod:`course_lib.plan.real`) both call it."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if c.tp > 1:
+        _apply_tp(model, config, mesh["tp"])
+    layers = model.model.layers
+    if c.ac != "none":
+        _apply_ac(layers, c.ac)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reshard = True  # also with pp: the planner says "FSDP reshards after forward in every layout"
+    for layer in layers:
+        if expert_mesh is not None:
+            for e in _experts(layer):
+                fully_shard(e, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return model
+
+
+@dataclasses.dataclass
+class StepPeaks:
+    """What :func:`tracked_step` measured: the tracker's categories at the backward's peak
+    (``peak["Total"]``), the forward's peak, the sharded bytes at it, the activations after it."""
+
+    peak: dict
+    forward: int
+    forward_sharded: int
+    act: int
+
+
+def tracked_step(model, ids, x=None, *, last: bool = True, modes=()) -> StepPeaks:
+    """AdamW (``foreach=False``) on ``model``, its moments made as its first step makes them,
+    then one training step on ``ids`` (or the hidden state ``x`` a later stage receives) tracked
+    by chapter 03's ``FSDPTracker``; ``modes`` (dispatch modes: counters) are on for the step.
+    Runs on whatever tensors it is given: fake (:func:`run_stage`) or real."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    tracker = FSDPTracker(model, opt)
+    tracker.track_inputs((ids,) if x is None else (ids, x))
+    with tracker:
+        _make_states(model, opt, tracker)  # Adam's moments exist, as in every step after the first
+        tracker.reset_mod_stats()
+        _reset_peak(tracker)
+        with contextlib.ExitStack() as stack:
+            for m in modes:
+                stack.enter_context(m)
+            act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
+    return StepPeaks(tracker.get_tracker_snapshot("peak")[torch.device("cpu")], forward,
+                     forward_sharded, act)
+
+
+def _reset_peak(tracker) -> None:
+    """Start a new peak (``MemTracker`` keeps one per device in ``_peak_mem``, as GlobalMemTracker reads it)."""
+    for dev in tracker._peak_mem:
+        tracker._peak_mem[dev] = 0
+
+
+def _make_states(model, opt, tracker) -> None:
+    """AdamW's moments, made as its first step makes them (``_init_group``: a CPU ``step`` and two
+    zero tensors like each parameter) without running that step, and tagged as optimizer states."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            opt.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32, device="cpu"),
+                            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    tracker._track_optimizer_states(_FSDPRefType.OPT, opt)
+
+
+def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, int]:
+    """Forward, backward, optimizer step; returns the activation bytes held after the forward,
+    the forward's peak and the sharded bytes at it (the tracker's peak is the backward's after it)."""
+    kwargs = {"input_ids": ids} if x is None else {"inputs_embeds": x}
+    if last:
+        out = model(**kwargs, labels=ids).loss
+    else:
+        out = model(**kwargs).logits  # lm_head is an Identity: the hidden state sent on
+    act = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.ACT, 0)
+    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    forward, sharded = snap["Total"], sum(snap.get(k, 0) for k in SHARDED)
+    _reset_peak(tracker)  # the backward's own peak from here
+    if out.dim() == 0:
+        out.backward()
+    else:
+        out.backward(torch.ones_like(out))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return act, forward, sharded
