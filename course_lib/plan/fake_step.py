@@ -56,13 +56,16 @@ class StageRun:
     categories: dict
     sharded_phases: dict = dataclasses.field(default_factory=dict)  # sharded bytes at each phase's peak
     act: int = 0                 # one microbatch's activations held after its forward
+    by_factor: dict = dataclasses.field(default_factory=dict)  # {f: phases} with sharded states × f
 
     def with_stash(self, in_flight: int) -> "StageRun":
         """This run (measured with one microbatch in flight) with 1F1B's stash: ``in_flight - 1``
-        more microbatches' activations on every phase."""
+        more microbatches' activations in the forward and backward (not the optimizer step)."""
         stash = (in_flight - 1) * self.act
-        phases = {k: v + stash for k, v in self.phases.items()}
-        return dataclasses.replace(self, peak=max(phases.values()), phases=phases)
+        add = lambda ph: {k: v + (stash if k != "step" else 0) for k, v in ph.items()}  # noqa: E731
+        phases = add(self.phases)
+        return dataclasses.replace(self, peak=max(phases.values()), phases=phases,
+                                   by_factor={f: add(ph) for f, ph in self.by_factor.items()})
 
     def scaled(self, other: "StageRun", k: float) -> "StageRun":
         """``self + k · (other - self)``: linear extrapolation in depth, each phase's peak apart
@@ -78,15 +81,17 @@ class StageRun:
                          for key in keys},
                         {c: lin(self.categories.get(c, 0), other.categories.get(c, 0)) for c in cats},
                         {k: int(lin(self.sharded_phases[k], other.sharded_phases[k]))
-                         for k in self.sharded_phases}, int(lin(self.act, other.act)))
+                         for k in self.sharded_phases}, int(lin(self.act, other.act)),
+                        {f: {k: int(lin(ph[k], other.by_factor[f][k])) for k in ph}
+                         for f, ph in self.by_factor.items() if f in other.by_factor})
 
     def resharded(self, factor: float, comm: dict) -> "StageRun":
         """This run with its sharded bytes (parameters, gradients, optimizer states) times
         ``factor`` (FSDP over ``1 / factor`` as many ranks) and ``comm`` instead of its own."""
-        delta = {k: v * (factor - 1) for k, v in self.sharded_phases.items()}
-        phases = {k: int(v + delta.get(k, 0)) for k, v in self.phases.items()}
+        phases = self.by_factor[factor]  # the peak of each phase with the states × factor (exact)
         cats = {c: v * factor if c in _SHARDED_NAMES else v for c, v in self.categories.items()}
         return dataclasses.replace(self, peak=max(phases.values()), phases=phases,
+                                   by_factor={f / factor: ph for f, ph in self.by_factor.items()},
                                    sharded=int(self.sharded * factor), comm=comm, categories=cats,
                                    sharded_phases={k: int(v * factor)
                                                    for k, v in self.sharded_phases.items()})
@@ -108,6 +113,34 @@ def _grouped_mm(a, b, *args, out_shape=None, **kwargs):
 
 _FLOPS = {ATTENTION_OPS[0].overloadpacket: _sdpa_fwd, ATTENTION_OPS[1].overloadpacket: _sdpa_bwd,
           aten._grouped_mm: _grouped_mm}
+
+
+class _PlanTracker(FSDPTracker):
+    """Chapter 03's tracker, also keeping the peak each phase would have with its sharded states
+    (parameters, gradients, AdamW's moments) ``f`` times as large, for each ``f`` in ``factors``:
+    the same step on ``1 / f`` as many FSDP ranks, where the peak may sit at another moment (an
+    early-backward peak at FSDP 64 moves to the end of the backward at FSDP 8)."""
+
+    def __init__(self, *args, factors=(), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.factors = tuple(factors)
+        self.moments = 0
+        self.by_factor = {f: 0 for f in self.factors}
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        for snap in self._curr_mem_snap.values():
+            sharded = (snap.get(_FSDPRefType.SHARDED_PARAM, 0) + snap.get(_FSDPRefType.SHARDED_GRAD, 0)
+                       + self.moments)
+            for f in self.factors:
+                value = snap["Total"] + int(sharded * (f - 1))
+                if value > self.by_factor[f]:
+                    self.by_factor[f] = value
+
+    def take_phase(self) -> dict:
+        """The per-factor peaks since the last call; starts the next phase's."""
+        out, self.by_factor = self.by_factor, {f: 0 for f in self.factors}
+        return out
 
 
 def _selective_policy():
@@ -227,9 +260,10 @@ def _mesh(c: Candidate, experts: bool):
 
 
 def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micro_batch: int,
-              seq_len: int, in_flight: int, experts: int | None = None) -> StageRun:
+              seq_len: int, in_flight: int, experts: int | None = None, factors=()) -> StageRun:
     """One fake step of a rank holding ``depth`` blocks of the stage (``first``/``last``) of
-    layout ``c``, ``in_flight`` microbatches of ``micro_batch × seq_len / cp`` tokens."""
+    layout ``c``, ``in_flight`` microbatches of ``micro_batch × seq_len / cp`` tokens; also each
+    phase's peak with the sharded states × each of ``factors`` (``StageRun.by_factor``)."""
     tokens = seq_len // c.cp
     gc.collect()
     forget_meshes()
@@ -260,7 +294,7 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
             ids = torch.randint(0, config.vocab_size, (micro_batch, tokens))
             x = None if first else torch.randn(micro_batch, tokens, config.hidden_size,
                                                dtype=torch.bfloat16, requires_grad=True)
-            tracker = FSDPTracker(model, opt)
+            tracker = _PlanTracker(model, opt, factors=factors)
             tracker.track_inputs((ids,) if x is None else (ids, x))
             counter, flops = _GroupCounter(), _TotalFlops(display=False, custom_mapping=_FLOPS)
             with tracker:
@@ -268,8 +302,7 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
                 tracker.reset_mod_stats()
                 _reset_peak(tracker)
                 with counter, flops:
-                    act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
-            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+                    act, moments, snaps, by_factor = _step(model, opt, ids, x, last, tracker)
     comm = defaultdict(lambda: (0, 0))
     for (kind, size, _), ranks in zip(counter.calls, counter.groups):
         if len(ranks) > 1:
@@ -277,15 +310,20 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
             comm[(kind, ranks)] = (n + size, calls + 1)
     counts = flops.get_flop_counts().get("Global", {})
     attention = sum(v for op, v in counts.items() if op in (o.overloadpacket for o in ATTENTION_OPS))
-    categories = {str(getattr(k, "value", k)): v for k, v in peak.items()}
-    stash = (in_flight - 1) * act  # 1F1B: the other microbatches' stashes
-    phases = {"forward": forward + stash, "backward": peak["Total"] + stash}
-    return StageRun(peak=max(phases.values()), phases=phases,
-                    sharded=sum(peak.get(k, 0) for k in _SHARDED),
+    # 1F1B: the other microbatches' stashes, held until their backward (not in the optimizer step)
+    stash = {"forward": (in_flight - 1) * act, "backward": (in_flight - 1) * act, "step": 0}
+    phases = {k: snap["Total"] + stash[k] for k, snap in snaps.items()}
+    # sharded: parameters, gradients and the moments (the tracker files everything the optimizer
+    # step allocates as its state, temporaries included: ~12 GiB that do not shrink with the shard
+    # for Llama 3.1 70B, at FSDP 64 as at 8)
+    sharded = {k: snap.get(_FSDPRefType.SHARDED_PARAM, 0) + snap.get(_FSDPRefType.SHARDED_GRAD, 0)
+               + moments for k, snap in snaps.items()}
+    top = max(phases, key=phases.get)
+    return StageRun(peak=phases[top], phases=phases, sharded=sharded[top],
                     flops=float(flops.get_total_flops()), attention_flops=float(attention),
-                    comm=dict(comm), categories=categories,
-                    sharded_phases={"forward": forward_sharded,
-                                    "backward": sum(peak.get(k, 0) for k in _SHARDED)}, act=act)
+                    comm=dict(comm), categories={str(getattr(k, "value", k)): v for k, v in snaps[top].items()},
+                    sharded_phases=sharded, act=act,
+                    by_factor={f: {k: by_factor[k][f] + stash[k] for k in phases} for f in factors})
 
 
 def _reset_peak(tracker) -> None:
@@ -305,22 +343,31 @@ def _make_states(model, opt, tracker) -> None:
     tracker._track_optimizer_states(_FSDPRefType.OPT, opt)
 
 
-def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, int]:
+def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, dict, dict]:
     """Forward, backward, optimizer step; returns the activation bytes held after the forward,
-    the forward's peak and the sharded bytes at it (the tracker's peak is the backward's after it)."""
+    AdamW's moments and each phase's peak snapshot (forward with the loss, backward, optimizer
+    step) and each phase's per-factor peaks (:class:`_PlanTracker`)."""
     kwargs = {"input_ids": ids} if x is None else {"inputs_embeds": x}
+    moments = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.OPT, 0)
+    tracker.moments = moments
+    tracker.take_phase()
     if last:
         out = model(**kwargs, labels=ids).loss
     else:
         out = model(**kwargs).logits  # lm_head is an Identity: the hidden state sent on
     act = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.ACT, 0)
-    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    forward, sharded = snap["Total"], sum(snap.get(k, 0) for k in _SHARDED)
+    snaps = {"forward": dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])}
+    by_factor = {"forward": tracker.take_phase()}
     _reset_peak(tracker)  # the backward's own peak from here
     if out.dim() == 0:
         out.backward()
     else:
         out.backward(torch.ones_like(out))
+    snaps["backward"] = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+    by_factor["backward"] = tracker.take_phase()
+    _reset_peak(tracker)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return act, forward, sharded
+    snaps["step"] = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+    by_factor["step"] = tracker.take_phase()
+    return act, moments, snaps, by_factor
