@@ -20,6 +20,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,13 +53,16 @@ class StageRun:
     categories: dict
     sharded_phases: dict = dataclasses.field(default_factory=dict)  # sharded bytes at each phase's peak
     act: int = 0                 # one microbatch's activations held after its forward
+    by_factor: dict = dataclasses.field(default_factory=dict)  # {f: phases} with sharded states × f
 
     def with_stash(self, in_flight: int) -> "StageRun":
         """This run (measured with one microbatch in flight) with 1F1B's stash: ``in_flight - 1``
-        more microbatches' activations on every phase."""
+        more microbatches' activations in the forward and backward (not the optimizer step)."""
         stash = (in_flight - 1) * self.act
-        phases = {k: v + stash for k, v in self.phases.items()}
-        return dataclasses.replace(self, peak=max(phases.values()), phases=phases)
+        add = lambda ph: {k: v + (stash if k != "step" else 0) for k, v in ph.items()}  # noqa: E731
+        phases = add(self.phases)
+        return dataclasses.replace(self, peak=max(phases.values()), phases=phases,
+                                   by_factor={f: add(ph) for f, ph in self.by_factor.items()})
 
     def scaled(self, other: "StageRun", k: float) -> "StageRun":
         """``self + k · (other - self)``: linear extrapolation in depth, each phase's peak apart
@@ -74,15 +78,17 @@ class StageRun:
                          for key in keys},
                         {c: lin(self.categories.get(c, 0), other.categories.get(c, 0)) for c in cats},
                         {k: int(lin(self.sharded_phases[k], other.sharded_phases[k]))
-                         for k in self.sharded_phases}, int(lin(self.act, other.act)))
+                         for k in self.sharded_phases}, int(lin(self.act, other.act)),
+                        {f: {k: int(lin(ph[k], other.by_factor[f][k])) for k in ph}
+                         for f, ph in self.by_factor.items() if f in other.by_factor})
 
     def resharded(self, factor: float, comm: dict) -> "StageRun":
         """This run with its sharded bytes (parameters, gradients, optimizer states) times
         ``factor`` (FSDP over ``1 / factor`` as many ranks) and ``comm`` instead of its own."""
-        delta = {k: v * (factor - 1) for k, v in self.sharded_phases.items()}
-        phases = {k: int(v + delta.get(k, 0)) for k, v in self.phases.items()}
+        phases = self.by_factor[factor]  # the peak of each phase with the states × factor (exact)
         cats = {c: v * factor if c in _SHARDED_NAMES else v for c, v in self.categories.items()}
         return dataclasses.replace(self, peak=max(phases.values()), phases=phases,
+                                   by_factor={f / factor: ph for f, ph in self.by_factor.items()},
                                    sharded=int(self.sharded * factor), comm=comm, categories=cats,
                                    sharded_phases={k: int(v * factor)
                                                    for k, v in self.sharded_phases.items()})
@@ -180,9 +186,10 @@ class _GroupCounter(CommCounter):
 
 
 def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micro_batch: int,
-              seq_len: int, in_flight: int, experts: int | None = None) -> StageRun:
+              seq_len: int, in_flight: int, experts: int | None = None, factors=()) -> StageRun:
     """One fake step of a rank holding ``depth`` blocks of the stage (``first``/``last``) of
-    layout ``c``, ``in_flight`` microbatches of ``micro_batch × seq_len / cp`` tokens."""
+    layout ``c``, ``in_flight`` microbatches of ``micro_batch × seq_len / cp`` tokens; also each
+    phase's peak with the sharded states × each of ``factors`` (``StageRun.by_factor``)."""
     tokens = seq_len // c.cp
     gc.collect()
     forget_meshes()
@@ -201,8 +208,8 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
                                                dtype=torch.bfloat16, requires_grad=True)
             counter, flops = _GroupCounter(), _TotalFlops(display=False, custom_mapping=_FLOPS)
             with unpacked_rows():  # as transformers finds on real tensors
-                step = tracked_step(model, ids, x, last=last, modes=(counter, flops))
-    peak = step.peak
+                step = tracked_step(model, ids, x, last=last, modes=(counter, flops), factors=factors)
+    act, snaps, by_factor = step.act, step.snaps, step.by_factor
     comm = defaultdict(lambda: (0, 0))
     for (kind, size, _), ranks in zip(counter.calls, counter.groups):
         if len(ranks) > 1:
@@ -210,14 +217,17 @@ def run_stage(config, c: Candidate, *, depth: int, first: bool, last: bool, micr
             comm[(kind, ranks)] = (n + size, calls + 1)
     counts = flops.get_flop_counts().get("Global", {})
     attention = sum(v for op, v in counts.items() if op in (o.overloadpacket for o in ATTENTION_OPS))
-    categories = {str(getattr(k, "value", k)): v for k, v in peak.items()}
-    stash = (in_flight - 1) * step.act  # 1F1B: the other microbatches' stashes
-    phases = {"forward": step.forward + stash, "backward": peak["Total"] + stash}
-    return StageRun(peak=max(phases.values()), phases=phases,
-                    sharded=sum(peak.get(k, 0) for k in SHARDED),
+    # 1F1B: the other microbatches' stashes, held until their backward (not in the optimizer step)
+    stash = {"forward": (in_flight - 1) * act, "backward": (in_flight - 1) * act, "step": 0}
+    phases = {k: snap["Total"] + stash[k] for k, snap in snaps.items()}
+    # sharded: parameters, gradients and the moments (the tracker files everything the optimizer
+    # step allocates as its state, temporaries included: ~12 GiB that do not shrink with the shard
+    # for Llama 3.1 70B, at FSDP 64 as at 8)
+    sharded = {k: snap.get(_FSDPRefType.SHARDED_PARAM, 0) + snap.get(_FSDPRefType.SHARDED_GRAD, 0)
+               + step.moments for k, snap in snaps.items()}
+    top = max(phases, key=phases.get)
+    return StageRun(peak=phases[top], phases=phases, sharded=sharded[top],
                     flops=float(flops.get_total_flops()), attention_flops=float(attention),
-                    comm=dict(comm), categories=categories,
-                    sharded_phases={"forward": step.forward_sharded,
-                                    "backward": sum(peak.get(k, 0) for k in SHARDED)}, act=step.act)
-
-
+                    comm=dict(comm), categories={str(getattr(k, "value", k)): v for k, v in snaps[top].items()},
+                    sharded_phases=sharded, act=act,
+                    by_factor={f: {k: by_factor[k][f] + stash[k] for k in phases} for f in factors})

@@ -4,9 +4,10 @@
 (:mod:`course_lib.plan.layouts`) and, per layout, runs one fake training step of its busiest
 ranks (:mod:`course_lib.plan.fake_step`: the first pipeline stage and, with ``pp > 1``, the last)
 at three and four blocks, scaled to its layer count (from three blocks on, every block adds the
-same bytes to each phase's peak; equal to a full build in ``tests/plan``). Activation checkpointing is tried in the order none,
-selective, full, until the layout fits: a lighter mode that fits is always faster, so the heavier
-ones are not run. The step time comes from :mod:`course_lib.plan.predict`. The answer is a
+same bytes to each phase's peak; equal to a full build in ``tests/plan``). Each layout gets the
+lightest activation checkpointing that fits (a lighter mode is always faster), found by bisection:
+selective first, then none or full. Each round's fake steps are listed by a dry pass and run on
+two processes forked from this one. The step time comes from :mod:`course_lib.plan.predict`. The answer is a
 :class:`Plan` whose rows are sorted best first (fits, then tokens/s per GPU) and whose
 ``assumptions`` say everything the numbers rest on.
 """
@@ -15,7 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from fractions import Fraction
 from typing import Callable
 
 from course_lib.plan.clusters import Cluster, GiB, get_cluster
@@ -82,6 +87,9 @@ MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
 #: every phase's peak grows by the same bytes per block (with two, full checkpointing's backward
 #: peak still sits at the loss for some layouts); deeper stages are scaled, shallower built whole
 SCALE_DEPTHS = (3, 4)
+#: the sharding factors every fake step tracks (a later layout with another FSDP size can borrow
+#: it); a plan's dry pass adds the others its layouts need
+FACTORS = frozenset(Fraction(2) ** k for k in range(-6, 7))
 
 
 @contextlib.contextmanager
@@ -103,7 +111,7 @@ def clear_cache() -> None:
 
 
 def _mesh_sizes(c: Candidate) -> tuple[int, ...]:
-    """The fake step's mesh (:func:`course_lib.plan.fake_step.layout_mesh`), outermost first."""
+    """The fake step's mesh (:func:`course_lib.plan.recipe.layout_mesh`), outermost first."""
     return (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp)
 
 
@@ -131,42 +139,119 @@ def _group_of(c: Candidate, dims: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def _block_key(c: Candidate, **kw) -> tuple:
-    """What a stage's fake step depends on: not ``dp_shard``, ``dp_replicate`` or ``pp`` beyond
-    whether FSDP, the experts' sharding and HSDP's replication exist at all (their sharded bytes
-    scale as ``1 / (dp_shard · cp)``, their groups are mapped), nor 1F1B's microbatches in flight
-    (a stash of activations added after)."""
-    return (c.tp, c.cp, c.ep, c.ac, c.fsdp > 1, c.fsdp // c.ep > 1, c.dp_replicate > 1,
+def _block_key(c: Candidate, *, micro_batch: int, seq_len: int, **kw) -> tuple:
+    """What a stage's fake step depends on: not ``dp_shard``, ``dp_replicate``, ``cp`` or ``pp``
+    beyond whether FSDP and the experts' sharding exist at all (sharded bytes scale as
+    ``1 / (dp_shard · cp)``, groups are mapped, HSDP's replicas add an all-reduce of the shard),
+    nor how a rank's tokens split into sequences (every activation holds ``micro_batch × tokens``
+    rows: only attention's FLOPs, ``∝ micro_batch · tokens²``, differ, and are rescaled), nor
+    1F1B's microbatches in flight (a stash of activations added after)."""
+    return (c.tp, c.ep, c.ac, c.fsdp > 1, c.fsdp // c.ep > 1, micro_batch * (seq_len // c.cp),
             tuple(sorted(kw.items())))
 
 
-def _recompose(run: StageRun, measured: Candidate, c: Candidate) -> StageRun:
-    """``run``, measured for layout ``measured``, as layout ``c`` with the same block key:
-    sharded bytes × ``measured.fsdp / c.fsdp``; each collective onto ``c``'s group along the
-    same mesh dimensions (a replica group's all-reduce carries the shard: its bytes scale too)."""
-    factor = measured.fsdp / c.fsdp
+def _measured_as(c: Candidate) -> Candidate:
+    """The layout a block shape is measured with: HSDP without its replicas (the same shard)."""
+    return dataclasses.replace(c, dp_replicate=1)
+
+
+def _factor(measured: Candidate, c: Candidate) -> Fraction:
+    """How many times larger ``c``'s sharded states are than ``measured``'s."""
+    return Fraction(measured.fsdp, c.fsdp)
+
+
+def _recompose(run: StageRun, measured: Candidate, measured_seq: int, c: Candidate,
+               seq_len: int) -> StageRun:
+    """``run``, measured for layout ``measured`` at sequences of ``measured_seq`` tokens, as
+    layout ``c`` with the same block key: each phase's peak as tracked with the sharded states ×
+    ``measured.fsdp / c.fsdp`` (:class:`~course_lib.plan.recipe._PlanTracker`); each
+    collective onto ``c``'s group along the same mesh dimensions; with replicas, each gradient
+    shard all-reduced across them (FSDP2's HSDP: the reduce-scatter's output); attention's FLOPs
+    × the ratio of tokens per sequence."""
+    if measured == c and measured_seq == seq_len:
+        return run
     comm = {}
     for (kind, ranks), (n_bytes, calls) in run.comm.items():
-        dims = _group_dims(measured, ranks)
-        if dims == ("dp_replicate",):
-            n_bytes = n_bytes * factor
-        comm[(kind, _group_of(c, dims))] = (n_bytes, calls)
-    return run if measured == c else run.resharded(factor, comm)
+        comm[(kind, _group_of(c, _group_dims(measured, ranks)))] = (n_bytes, calls)
+    if c.dp_replicate > 1:
+        replicas = _group_of(c, ("dp_replicate",))
+        for (kind, ranks), (n_bytes, calls) in list(comm.items()):
+            if kind == "reduce_scatter":
+                n, k = comm.get(("all_reduce", replicas), (0, 0))
+                comm[("all_reduce", replicas)] = (n + n_bytes / len(ranks), k + calls)
+    ratio = (seq_len // c.cp) / (measured_seq // measured.cp)
+    attention = run.attention_flops * ratio
+    return dataclasses.replace(run.resharded(_factor(measured, c), comm), attention_flops=attention,
+                               flops=run.flops - run.attention_flops + attention)
+
+
+#: while a dry pass lists the fake steps a round needs (see :func:`_prefetch`):
+#: key -> [config, layout measured, depth, kwargs, factors its users need]
+_WANT: dict | None = None
+
+
+def _zero_run() -> StageRun:
+    return StageRun(0, {"forward": 0, "backward": 0}, 0, 0.0, 0.0, {}, {},
+                    {"forward": 0, "backward": 0}, 0)
 
 
 def _stage(config, c: Candidate, *, depth: int, **kw) -> StageRun:
     """:func:`run_stage` (one microbatch in flight), from the cache when a layout with the same
-    block key was measured at this depth."""
+    block key was measured at this depth with ``c``'s sharding factor tracked; during a dry pass,
+    noted in ``_WANT`` instead."""
     key = (config.to_json_string(use_diff=False), depth, _block_key(c, **kw))  # every field
-    if key in _CACHE:
-        measured, run = _CACHE[key]
-        return _recompose(run, measured, c)
-    run = run_stage(config, c, depth=depth, in_flight=1, **kw)
+    hit = next((e for e in _CACHE.get(key, ()) if _factor(e[0], c) in e[2].by_factor), None)
+    if hit is None:
+        if _WANT is not None:
+            want = _WANT.setdefault(key, [config, _measured_as(c), depth, kw, set()])
+            want[4].add(_factor(want[1], c))
+            return _zero_run()
+        measured = _measured_as(c)
+        _store(key, measured, kw, _measure(config, measured, depth, kw, FACTORS))
+        hit = _CACHE[key][-1]
+    measured, measured_seq, run = hit
+    return _recompose(run, measured, measured_seq, c, kw["seq_len"])
+
+
+def _measure(config, c: Candidate, depth: int, kw: dict, factors) -> StageRun:
+    return run_stage(config, c, depth=depth, in_flight=1, factors=tuple(sorted(factors)), **kw)
+
+
+def _store(key, c: Candidate, kw: dict, run: StageRun) -> None:
     _MEASURED[0] += 1
     if len(_CACHE) >= _CACHE_SIZE:  # the oldest first
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = (c, run)
-    return run
+    _CACHE.setdefault(key, []).append((c, kw["seq_len"], run))
+
+
+def _prefetch(dry: Callable[[], None], workers: int,
+              progress: Callable[[int, int, str], None] | None = None) -> None:
+    """Run ``dry`` (the planner's own calls) listing the fake steps it needs, then run those on
+    ``workers`` processes forked from this one (each a whole fake step; the cache is filled here)."""
+    global _WANT
+    _WANT = {}
+    try:
+        dry()
+    finally:
+        want, _WANT = _WANT, None
+    items = [(key, (config, c, depth, kw, factors | FACTORS))
+             for key, (config, c, depth, kw, factors) in want.items()]
+    if workers > 1 and len(items) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        pool = ProcessPoolExecutor(min(workers, len(items)), mp_context=multiprocessing.get_context("fork"))
+        try:
+            futures = {pool.submit(_measure, *args): (key, args[1], args[3]) for key, args in items}
+            for done, future in enumerate(as_completed(futures)):
+                key, c, kw = futures[future]
+                _store(key, c, kw, future.result())  # a worker's error is raised here
+                if progress:
+                    progress(done, len(items), c.label)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return
+    for done, (key, args) in enumerate(items):
+        if progress:
+            progress(done, len(items), args[1].label)
+        _store(key, args[1], args[3], _measure(*args))
 
 
 def _runs(config, c: Candidate, spec: ModelSpec, *, first: bool, last: bool, micro_batch: int,
@@ -218,13 +303,14 @@ def plan(model, *, gpus: int, gpus_per_node: int | None = None, cluster: str | C
          memory_gib: float | None = None, global_batch: int | None = None, seq_len: int = 8192,
          layouts: list[Candidate] | None = None, efficiency: float = DEFAULTS["efficiency"],
          fragmentation: float = DEFAULTS["fragmentation"], reserved_gib: float = DEFAULTS["reserved_gib"],
-         progress: Callable[[int, int, str], None] | None = None) -> Plan:
+         progress: Callable[[int, int, str], None] | None = None, workers: int | None = None) -> Plan:
     """Plan ``model`` (a stored name, a config.json path or dict, or a transformers config) on
     ``gpus`` GPUs of ``cluster`` (a preset key or a :class:`Cluster`), a global batch of
     ``global_batch`` sequences (default: one per GPU) of ``seq_len`` tokens.
 
-    ``layouts`` restricts the candidates (their ``ac`` is where the escalation starts).
-    ``progress(done, total, label)`` is called before each layout. Raises :class:`ConfigError`
+    ``layouts`` restricts the candidates (their ``ac`` is the lightest checkpointing tried).
+    ``progress(done, total, label)`` is called as each fake step of a round ends; ``workers``
+    processes run them (default: two where the machine has two cores). Raises :class:`ConfigError`
     naming a bad config field and ``ValueError`` for a bad request, before anything runs.
     """
     start = time.perf_counter()
@@ -245,28 +331,44 @@ def plan(model, *, gpus: int, gpus_per_node: int | None = None, cluster: str | C
         layouts = [c for c in enumerate_layouts(gpus, cluster.gpus_per_node, spec, global_batch,
                                                 seq_len, ac_modes=("none",))]
     usable = (cluster.memory_gib - reserved_gib) * GiB
+    workers = min(2, os.cpu_count() or 1) if workers is None else workers
     with _frozen_heap():
-        flops_token, runs = _model_flops_per_token(config, spec, seq_len)
-        rows = []
-        for i, first in enumerate(layouts):
-            if progress:
-                progress(i, len(layouts), first.label)
-            modes = AC_MODES[AC_MODES.index(first.ac):]
-            for ac in modes:
-                c = dataclasses.replace(first, ac=ac)
-                run, m, n = measure_layout(config, c, spec, global_batch, seq_len)
-                runs += n
+        before = _MEASURED[0]
+        _prefetch(lambda: _model_flops_per_token(config, spec, seq_len), workers)
+        flops_token, _ = _model_flops_per_token(config, spec, seq_len)
+        # per layout, the lightest checkpointing that fits, by bisection over its modes (a
+        # heavier mode never holds more): two rounds of fake steps where trying each in turn took three
+        ladders = [[dataclasses.replace(first, ac=ac) for ac in AC_MODES[AC_MODES.index(first.ac):]]
+                   for first in layouts]
+        bounds = [[0, len(ladder) - 1] for ladder in ladders]
+        seen: list[dict] = [{} for _ in layouts]  # mode index -> (run, microbatches, fits)
+        while True:
+            probes = [(k, (lo + hi) // 2) for k, (lo, hi) in enumerate(bounds)
+                      if lo < hi or lo not in seen[k]]
+            if not probes:
+                break
+            _prefetch(lambda: [measure_layout(config, ladders[k][i], spec, global_batch, seq_len)
+                               for k, i in probes], workers, progress)
+            for k, i in probes:
+                run, m, _ = measure_layout(config, ladders[k][i], spec, global_batch, seq_len)
                 fits = run.peak * (1 + fragmentation) <= usable
-                if fits or ac == modes[-1]:
-                    break
+                seen[k][i] = (run, m, fits)
+                if fits:
+                    bounds[k][1] = i
+                else:
+                    bounds[k][0] = min(i + 1, len(ladders[k]) - 1)
+        rows = []
+        for k, (lo, _) in enumerate(bounds):
+            c, (run, m, fits) = ladders[k][lo], seen[k][lo]
             local = global_batch // c.dp
             micro = local if c.pp == 1 else 1
             flops = run.flops * m + run.attention_flops * m * (c.cp - 1)
             t = step_time(c, spec, cluster, flops=flops, comm=run.comm, micro_batch=micro,
                           seq_len=seq_len, microbatches=m, efficiency=efficiency)
             tps = global_batch * seq_len / t.total / gpus
-            rows.append(PlanRow(c, fits, run.peak / GiB, run.peak * (1 + fragmentation) / GiB, tps, flops_token * tps / (cluster.peak_tflops * 1e12),
-                                t, m))
+            rows.append(PlanRow(c, fits, run.peak / GiB, run.peak * (1 + fragmentation) / GiB, tps,
+                                flops_token * tps / (cluster.peak_tflops * 1e12), t, m))
+        runs = _MEASURED[0] - before
     rows.sort(key=lambda r: (not r.fits, -r.tokens_per_s_gpu))
     assumptions = {
         "precision": "bf16 compute, fp32 master weights, fp32 AdamW moments, gradients reduced in fp32 "

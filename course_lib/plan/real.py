@@ -29,9 +29,8 @@ _RANKS = ByName("course_lib.plan.real", "rank_peaks")
 
 @dataclasses.dataclass
 class RealRun:
-    """One real rank's step: ``phases`` (peak bytes in the forward and in the backward +
-    optimizer step, as the planner's ``StageRun.phases``), their maximum and the tracker's
-    categories at the backward's peak."""
+    """One real rank's step: ``phases`` (peak bytes of each phase, as the planner's
+    ``StageRun.phases``), their maximum and the tracker's categories at that peak."""
 
     rank: int
     phases: dict
@@ -105,9 +104,10 @@ def rank_peaks(config, layouts: list[Candidate], global_batch: int, seq_len: int
             gen = torch.Generator().manual_seed(seed * 1_000_003 + replica * c.dp_shard + shard)
             ids = torch.randint(0, config.vocab_size, (global_batch // c.dp, seq_len), generator=gen)
             step = tracked_step(model, ids)
-        phases = {"forward": step.forward, "backward": step.peak["Total"]}
-        out.append(RealRun(dist.get_rank(), phases, max(phases.values()),
-                           {str(getattr(k, "value", k)): v for k, v in step.peak.items()}))
+        phases = {k: snap["Total"] for k, snap in step.snaps.items()}
+        top = max(phases, key=phases.get)
+        out.append(RealRun(dist.get_rank(), phases, phases[top],
+                           {str(getattr(k, "value", k)): v for k, v in step.snaps[top].items()}))
         del model, step
     return out
 
@@ -116,7 +116,7 @@ def compare(planned, runs: list[RealRun]) -> str:
     """A table: the planner's peak (a ``StageRun``) beside each real rank's, and how far off."""
     lines = [f"{'rank':>4} {'phase':>9} {'planned B':>13} {'real B':>13} {'off':>7}"]
     for r in runs:
-        for phase in ("forward", "backward"):
+        for phase in (k for k in r.phases if k in planned.phases):
             p, m = planned.phases[phase], r.phases[phase]
             lines.append(f"{r.rank:>4} {phase:>9} {p:>13,} {m:>13,} {p / m - 1:+7.2%}")
     return "\n".join(lines)

@@ -34,6 +34,34 @@ ATTENTION_OPS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
 SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
 
 
+class _PlanTracker(FSDPTracker):
+    """Chapter 03's tracker, also keeping the peak each phase would have with its sharded states
+    (parameters, gradients, AdamW's moments) ``f`` times as large, for each ``f`` in ``factors``:
+    the same step on ``1 / f`` as many FSDP ranks, where the peak may sit at another moment (an
+    early-backward peak at FSDP 64 moves to the end of the backward at FSDP 8)."""
+
+    def __init__(self, *args, factors=(), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.factors = tuple(factors)
+        self.moments = 0
+        self.by_factor = {f: 0 for f in self.factors}
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        for snap in self._curr_mem_snap.values():
+            sharded = (snap.get(_FSDPRefType.SHARDED_PARAM, 0) + snap.get(_FSDPRefType.SHARDED_GRAD, 0)
+                       + self.moments)
+            for f in self.factors:
+                value = snap["Total"] + int(sharded * (f - 1))
+                if value > self.by_factor[f]:
+                    self.by_factor[f] = value
+
+    def take_phase(self) -> dict:
+        """The per-factor peaks since the last call; starts the next phase's."""
+        out, self.by_factor = self.by_factor, {f: 0 for f in self.factors}
+        return out
+
+
 def _selective_policy():
     """torchtitan's selective op AC: save matmul, attention and reduce-scatter outputs, but
     recompute every second matmul."""
@@ -124,22 +152,24 @@ def wrap_stage(model, config, c: Candidate, mesh, dp_mesh, expert_mesh=None):
 
 @dataclasses.dataclass
 class StepPeaks:
-    """What :func:`tracked_step` measured: the tracker's categories at the backward's peak
-    (``peak["Total"]``), the forward's peak, the sharded bytes at it, the activations after it."""
+    """What :func:`tracked_step` measured: the activations held after the forward, AdamW's
+    moments, each phase's peak snapshot (``snaps``: forward with the loss, backward, optimizer
+    step; the tracker's categories and ``"Total"``) and its per-factor peaks (``by_factor``)."""
 
-    peak: dict
-    forward: int
-    forward_sharded: int
     act: int
+    moments: int
+    snaps: dict
+    by_factor: dict
 
 
-def tracked_step(model, ids, x=None, *, last: bool = True, modes=()) -> StepPeaks:
+def tracked_step(model, ids, x=None, *, last: bool = True, modes=(), factors=()) -> StepPeaks:
     """AdamW (``foreach=False``) on ``model``, its moments made as its first step makes them,
     then one training step on ``ids`` (or the hidden state ``x`` a later stage receives) tracked
-    by chapter 03's ``FSDPTracker``; ``modes`` (dispatch modes: counters) are on for the step.
-    Runs on whatever tensors it is given: fake (:func:`run_stage`) or real."""
+    by chapter 03's ``FSDPTracker`` (:class:`_PlanTracker`: also the peaks with the sharded states
+    × each of ``factors``); ``modes`` (dispatch modes: counters) are on for the step. Runs on
+    whatever tensors it is given: fake (the planner) or real (:mod:`course_lib.plan.real`)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    tracker = FSDPTracker(model, opt)
+    tracker = _PlanTracker(model, opt, factors=factors)
     tracker.track_inputs((ids,) if x is None else (ids, x))
     with tracker:
         _make_states(model, opt, tracker)  # Adam's moments exist, as in every step after the first
@@ -148,9 +178,7 @@ def tracked_step(model, ids, x=None, *, last: bool = True, modes=()) -> StepPeak
         with contextlib.ExitStack() as stack:
             for m in modes:
                 stack.enter_context(m)
-            act, forward, forward_sharded = _step(model, opt, ids, x, last, tracker)
-    return StepPeaks(tracker.get_tracker_snapshot("peak")[torch.device("cpu")], forward,
-                     forward_sharded, act)
+            return StepPeaks(*_step(model, opt, ids, x, last, tracker))
 
 
 def _reset_peak(tracker) -> None:
@@ -170,22 +198,31 @@ def _make_states(model, opt, tracker) -> None:
     tracker._track_optimizer_states(_FSDPRefType.OPT, opt)
 
 
-def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, int]:
+def _step(model, opt, ids, x, last: bool, tracker) -> tuple[int, int, dict, dict]:
     """Forward, backward, optimizer step; returns the activation bytes held after the forward,
-    the forward's peak and the sharded bytes at it (the tracker's peak is the backward's after it)."""
+    AdamW's moments and each phase's peak snapshot (forward with the loss, backward, optimizer
+    step) and each phase's per-factor peaks (:class:`_PlanTracker`)."""
     kwargs = {"input_ids": ids} if x is None else {"inputs_embeds": x}
+    moments = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.OPT, 0)
+    tracker.moments = moments
+    tracker.take_phase()
     if last:
         out = model(**kwargs, labels=ids).loss
     else:
         out = model(**kwargs).logits  # lm_head is an Identity: the hidden state sent on
     act = tracker.get_tracker_snapshot()[torch.device("cpu")].get(_FSDPRefType.ACT, 0)
-    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    forward, sharded = snap["Total"], sum(snap.get(k, 0) for k in SHARDED)
+    snaps = {"forward": dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])}
+    by_factor = {"forward": tracker.take_phase()}
     _reset_peak(tracker)  # the backward's own peak from here
     if out.dim() == 0:
         out.backward()
     else:
         out.backward(torch.ones_like(out))
+    snaps["backward"] = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+    by_factor["backward"] = tracker.take_phase()
+    _reset_peak(tracker)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return act, forward, sharded
+    snaps["step"] = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+    by_factor["step"] = tracker.take_phase()
+    return act, moments, snaps, by_factor
