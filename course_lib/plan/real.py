@@ -3,7 +3,7 @@
 :func:`measure_real` starts ``layout.world`` ranks with the course's launcher (gloo), each building
 transformers' model for the config with real tensors (fp32 master weights, one seed), wrapping it
 with the planner's own recipe (:mod:`course_lib.plan.recipe`) and running one tracked step; each
-rank answers its forward and backward peaks (:class:`RealRun`), :func:`compare` sets them beside
+rank answers its peak in each phase (:class:`RealRun`), :func:`compare` sets them beside
 the plan. Pipeline, context and expert parallelism are refused: the planner models them (a stage
 plus 1F1B's stash by arithmetic; ``S / cp`` tokens with no K/V ring; ``experts / ep`` experts fed
 by balanced routing with no all-to-all), so no real program runs the same. docs/modules/plan.md.

@@ -8,7 +8,7 @@ its output gathered; ``checkpoint_wrapper`` per block, selective: torchtitan's o
 ``fully_shard`` per block and at the root over ``dp_replicate × (dp_shard·cp)``, bf16 compute,
 fp32 master weights and reduction, a MoE's experts over the ranks ``ep`` leaves) and
 :func:`tracked_step` (AdamW with its moments made up front, one step under chapter 03's tracker:
-the peak of the forward and of the backward + optimizer step).
+the peak of the forward, of the backward and of the optimizer step).
 """
 from __future__ import annotations
 
