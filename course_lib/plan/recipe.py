@@ -20,9 +20,9 @@ from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 from torch.distributed.device_mesh import init_device_mesh
 
 from course_lib.plan.layouts import Candidate
-from course_lib.sharding.rank_measure import FSDPTracker
+from course_lib.plan.measures import _PlanTracker
 
-__all__ = ["ATTENTION_OPS", "SHARDED", "StepPeaks", "layout_mesh", "wrap_stage", "tracked_step",
+__all__ = ["ATTENTION_OPS", "StepPeaks", "layout_mesh", "wrap_stage", "tracked_step",
            "forget_meshes"]
 
 aten = torch.ops.aten
@@ -30,36 +30,6 @@ aten = torch.ops.aten
 #: the fake step's FLOP counter is told how to count both
 ATTENTION_OPS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
                  aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-#: the tracker's categories of sharded model state: parameters, gradients, optimizer states
-SHARDED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
-
-
-class _PlanTracker(FSDPTracker):
-    """Chapter 03's tracker, also keeping the peak each phase would have with its sharded states
-    (parameters, gradients, AdamW's moments) ``f`` times as large, for each ``f`` in ``factors``:
-    the same step on ``1 / f`` as many FSDP ranks, where the peak may sit at another moment (an
-    early-backward peak at FSDP 64 moves to the end of the backward at FSDP 8)."""
-
-    def __init__(self, *args, factors=(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.factors = tuple(factors)
-        self.moments = 0
-        self.by_factor = {f: 0 for f in self.factors}
-
-    def _update_peak_stats(self, peak_state) -> None:
-        super()._update_peak_stats(peak_state)
-        for snap in self._curr_mem_snap.values():
-            sharded = (snap.get(_FSDPRefType.SHARDED_PARAM, 0) + snap.get(_FSDPRefType.SHARDED_GRAD, 0)
-                       + self.moments)
-            for f in self.factors:
-                value = snap["Total"] + int(sharded * (f - 1))
-                if value > self.by_factor[f]:
-                    self.by_factor[f] = value
-
-    def take_phase(self) -> dict:
-        """The per-factor peaks since the last call; starts the next phase's."""
-        out, self.by_factor = self.by_factor, {f: 0 for f in self.factors}
-        return out
 
 
 def _selective_policy():

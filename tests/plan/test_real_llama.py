@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import _FlopCounterMode
 
-from course_lib.plan import fake_step, recipe
+from course_lib.plan import fake_step, measures, recipe
 from course_lib.plan.layouts import Candidate
 from course_lib.plan.models import load_config, model_spec
 from course_lib.plan.planner import clear_cache, measure_layout
@@ -81,7 +81,7 @@ def _sgd(params, lr, **kwargs):
     ("that transformers masks packed rows on fake tensors",
      [(fake_step, "unpacked_rows", contextlib.nullcontext)], Candidate(dp_shard=4)),
     ("that torch's FLOP counter decomposes silu_backward",
-     [(fake_step, "_CountAsRun", _FlopCounterMode)], Candidate(dp_shard=4, ac="full")),
+     [(measures, "_CountAsRun", _FlopCounterMode)], Candidate(dp_shard=4, ac="full")),
 ], ids=["moments", "tp-split", "packed-mask", "flop-decomposition"])
 def test_the_check_fails_on_a_planner_that_forgets(what, patches, layout, config, real, monkeypatch):
     runs = real[layout]
