@@ -8,8 +8,10 @@
    of Mixtral 8x7B on 16 H100 80 GB (global batch 16 × 8192), each once, printed with its
    seconds: every row measured on fake tensors from the stored configs (layouts sharing a
    block shape share its fake runs: ``runs`` counts the fake steps actually run).
-Each figure is printed with the load average: other work on 2 cores inflates every figure, and
-the CPU seconds of this process (user + system) say what the planner itself needed.
+3. ``--full-build``: Llama 3.1 70B, FSDP 64 with full activation checkpointing (global batch 64
+   × 8192): the planner's stage (3 and 4 blocks, scaled) against one fake step of all 80 blocks.
+Each figure is printed with the load average: other work on 2 cores inflates every figure. The
+CPU seconds are this process's plus its forked workers' (user + system): what the planner needed.
 """
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ import statistics
 import time
 
 from course_lib.plan.layouts import Candidate
-from course_lib.plan.planner import clear_cache, plan
+from course_lib.plan.planner import clear_cache, measure_layout, plan
 
 
 def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    r, w = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + w.ru_utime + w.ru_stime
 
 
 def timed(fn):
@@ -39,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tables", action="store_true")
+    parser.add_argument("--full-build", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results = {"date": time.strftime("%Y-%m-%d"), "load_before": os.getloadavg()[0]}
@@ -65,6 +68,16 @@ def main() -> None:
             print(f"table {name} on {kw['gpus']} GPUs: {len(p.rows)} layouts, {p.runs} fake steps, "
                   f"wall {wall:.1f} s, CPU {cpu:.1f} s; load {os.getloadavg()[0]:.1f}")
             results[name] = {"wall": wall, "cpu": cpu, "rows": len(p.rows), "runs": p.runs}
+    if args.full_build:
+        from course_lib.plan.models import load_config, model_spec
+        config = load_config("llama-3.1-70b")
+        spec, c = model_spec(config), Candidate(dp_shard=64, ac="full")
+        clear_cache()
+        (scaled, _, _), wall_s, _ = timed(lambda: measure_layout(config, c, spec, 64, 8192))
+        (full, _, _), wall_f, _ = timed(lambda: measure_layout(config, c, spec, 64, 8192, depth=80))
+        print(f"70B FSDP 64 AC full: scaled {scaled.peak:,} B ({wall_s:.1f} s), full build of 80 "
+              f"blocks {full.peak:,} B ({wall_f:.1f} s): {scaled.peak / full.peak - 1:+.4%}")
+        results["full_build"] = {"scaled": scaled.peak, "full": full.peak, "wall_full": wall_f}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
