@@ -70,6 +70,15 @@ def test_planned_peak_within_5_percent_of_real_ranks(layout, config, real):
     assert _off(_planned(config, layout, None), real[layout]) <= 0.05
 
 
+@pytest.mark.xfail(strict=True, reason="the optimizer step's own peak on fake tensors holds AdamW's "
+                   "temporaries the real ranks free: +26 % here (+8 % to +96 % across LAYOUTS); "
+                   "the backward's peak is the larger in every layout here; not explained yet")
+def test_the_optimizer_steps_phase_matches_real_ranks(config, real):
+    c = Candidate(dp_shard=4)
+    planned = _planned(config, c, LLAMA["num_hidden_layers"]).phases["step"]
+    assert all(abs(planned / r.phases["step"] - 1) <= 0.05 for r in real[c])
+
+
 def _sgd(params, lr, **kwargs):
     return torch.optim.SGD(params, lr=lr)
 
