@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from course_lib.plan.layouts import Candidate
 from course_lib.plan.measures import _PlanTracker
 
-__all__ = ["ATTENTION_OPS", "StepPeaks", "layout_mesh", "wrap_stage", "tracked_step",
+__all__ = ["ATTENTION_OPS", "MESH_DIMS", "mesh_sizes", "StepPeaks", "layout_mesh", "wrap_stage", "tracked_step",
            "forget_meshes"]
 
 aten = torch.ops.aten
@@ -89,10 +89,19 @@ def forget_meshes() -> None:
     _redistribute.clear_redistribute_planner_cache()
 
 
+#: the layout mesh's dimensions, outermost first (:func:`mesh_sizes` gives their sizes)
+MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
+
+
+def mesh_sizes(c: Candidate) -> tuple[int, ...]:
+    """Layout ``c``'s mesh sizes along :data:`MESH_DIMS` (FSDP's ``dp_shard·cp`` split as the
+    experts' shard ``efsdp`` × ``ep``)."""
+    return (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp)
+
+
 def layout_mesh(c: Candidate, experts: bool):
     """The rank's mesh, its FSDP mesh ``dp_replicate × (dp_shard·cp)`` and the experts' one."""
-    mesh = init_device_mesh("cpu", (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp),
-                            mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep", "tp"))
+    mesh = init_device_mesh("cpu", mesh_sizes(c), mesh_dim_names=MESH_DIMS)
     mesh["efsdp", "ep"]._flatten("dp_shard_cp")
     return mesh, mesh["dp_replicate", "dp_shard_cp"], mesh["dp_replicate", "efsdp"] if experts else None
 

@@ -21,6 +21,7 @@ from typing import Callable
 from course_lib.plan.fake_step import StageRun, run_stage
 from course_lib.plan.layouts import Candidate
 from course_lib.plan.models import ModelSpec
+from course_lib.plan.recipe import MESH_DIMS, mesh_sizes
 
 __all__ = ["measure_layout", "clear_cache", "SCALE_DEPTHS", "FACTORS"]
 
@@ -28,7 +29,6 @@ __all__ = ["measure_layout", "clear_cache", "SCALE_DEPTHS", "FACTORS"]
 _CACHE: dict = {}
 _CACHE_SIZE = 512
 _MEASURED = [0]  # fake steps run in this process
-MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "tp")
 #: the two depths a stage is measured at before scaling to its block count: from three blocks on,
 #: every phase's peak grows by the same bytes per block (with two, full checkpointing's backward
 #: peak still sits at the loss for some layouts); deeper stages are scaled, shallower built whole
@@ -56,14 +56,9 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _mesh_sizes(c: Candidate) -> tuple[int, ...]:
-    """The fake step's mesh (:func:`course_lib.plan.recipe.layout_mesh`), outermost first."""
-    return (c.pp, c.dp_replicate, c.fsdp // c.ep, c.ep, c.tp)
-
-
 def _group_dims(c: Candidate, ranks: tuple[int, ...]) -> tuple[str, ...]:
     """The mesh dimensions along which rank 0's group ``ranks`` of layout ``c`` spans."""
-    sizes, varying = _mesh_sizes(c), set()
+    sizes, varying = mesh_sizes(c), set()
     for r in ranks:
         for i in reversed(range(len(sizes))):
             r, coord = divmod(r, sizes[i])
@@ -74,7 +69,7 @@ def _group_dims(c: Candidate, ranks: tuple[int, ...]) -> tuple[str, ...]:
 
 def _group_of(c: Candidate, dims: tuple[str, ...]) -> tuple[int, ...]:
     """Rank 0's group along ``dims`` of layout ``c`` (row-major ranks, as init_device_mesh)."""
-    sizes = _mesh_sizes(c)
+    sizes = mesh_sizes(c)
     strides = [1] * len(sizes)
     for i in reversed(range(len(sizes) - 1)):
         strides[i] = strides[i + 1] * sizes[i + 1]
